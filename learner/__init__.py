@@ -1,0 +1,1 @@
+"""rollstream learner (see DESIGN.md)."""

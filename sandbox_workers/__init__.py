@@ -1,0 +1,1 @@
+"""rollstream sandbox_workers (see DESIGN.md)."""

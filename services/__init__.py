@@ -1,0 +1,1 @@
+"""Runnable services and the ``rollstream`` CLI."""

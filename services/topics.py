@@ -1,0 +1,120 @@
+"""Create and inspect the run's topics from the registry in schemas/topics.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from schemas import topics as registry
+from services.infra.common import Check
+from services.settings import Settings
+
+
+@dataclass
+class TopicState:
+    name: str
+    spec: registry.TopicSpec
+    want_partitions: int
+    partitions: int | None = None
+    """None when the topic does not exist."""
+    configs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def exists(self) -> bool:
+        return self.partitions is not None
+
+    def problems(self) -> list[str]:
+        if not self.exists:
+            return [f"{self.name}: missing"]
+        out = []
+        if self.partitions != self.want_partitions:
+            out.append(
+                f"{self.name}: {self.partitions} partitions, declared {self.want_partitions}"
+            )
+        for key, value in self.spec.configs().items():
+            if key in self.configs and self.configs[key] != value:
+                out.append(f"{self.name}: {key}={self.configs[key]}, declared {value}")
+        return out
+
+
+def _admin(settings: Settings):  # type: ignore[no-untyped-def]
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka.endpoint, request_timeout_ms=15000)
+
+
+async def describe(settings: Settings, prefix: str | None = None) -> list[TopicState]:
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    prefix = prefix or settings.topics.prefix
+    states = [
+        TopicState(s.full_name(prefix), s, s.partition_count(settings.topics.partitions))
+        for s in registry.ALL
+    ]
+    admin = _admin(settings)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        present = [s for s in states if s.name in existing]
+        if present:
+            meta = await admin.describe_topics([s.name for s in present])
+            counts = {m["topic"]: len(m["partitions"]) for m in meta}
+            resources = [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in present]
+            by_name = {s.name: s for s in present}
+            for response in await admin.describe_configs(resources):
+                for _err, _msg, _type, name, entries in response.resources:
+                    values = {e[0]: str(e[1]) for e in entries}
+                    by_name[name].configs = {
+                        k: values[k] for k in ("cleanup.policy", "retention.ms") if k in values
+                    }
+            for s in present:
+                s.partitions = counts.get(s.name)
+    finally:
+        await admin.close()
+    return states
+
+
+async def ensure(settings: Settings, prefix: str | None = None) -> list[TopicState]:
+    """Create the missing topics of the run (idempotent); return their state afterwards."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    states = await describe(settings, prefix)
+    missing = [s for s in states if not s.exists]
+    if missing:
+        admin = _admin(settings)
+        await admin.start()
+        try:
+            for s in missing:
+                topic = NewTopic(s.name, s.want_partitions, 1, topic_configs=s.spec.configs())
+                with contextlib.suppress(TopicAlreadyExistsError):  # created concurrently
+                    await admin.create_topics([topic])
+        finally:
+            await admin.close()
+        for _ in range(50):  # metadata propagates asynchronously
+            states = await describe(settings, prefix)
+            if all(s.exists for s in states):
+                break
+            await asyncio.sleep(0.1)
+    return states
+
+
+def check(settings: Settings) -> Check:
+    """The doctor's line for the run's topics."""
+    prefix = settings.topics.prefix
+    c = Check("topics", False, f"{prefix}.*")
+    try:
+        states = asyncio.run(asyncio.wait_for(describe(settings), 20))
+    except Exception as exc:
+        c.detail = f"cannot list topics: {type(exc).__name__}: {exc}"
+        c.fix = "bring Kafka up first: `rollstream up`"
+        return c
+    problems = [p for s in states for p in s.problems()]
+    c.healthy = not problems
+    c.version = f"{sum(s.exists for s in states)}/{len(states)}"
+    c.detail = "; ".join(problems) if problems else "all declared topics present"
+    c.fix = "" if c.healthy else f"run `rollstream topics ensure --prefix {prefix}`"
+    return c

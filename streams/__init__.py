@@ -1,0 +1,1 @@
+"""rollstream streams (see DESIGN.md)."""
