@@ -207,6 +207,16 @@ def demo(ctx: typer.Context) -> None:
     raise typer.Exit(run_demo(settings_from(ctx)))
 
 
+def _register_areas() -> None:
+    from services import cli_sandbox, cli_schemas
+
+    cli_schemas.register(app)
+    cli_sandbox.register(app)
+
+
+_register_areas()
+
+
 def main() -> None:
     try:
         app()

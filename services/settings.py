@@ -118,6 +118,13 @@ class TopicsSettings(Section):
     """Partitions of the group-keyed topics (trajectories, sandbox.results, rewards)."""
 
 
+class BlobsSettings(Section):
+    """Claim check: where payloads over the inline limit go (DESIGN.md section 2)."""
+
+    inline_limit_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Encoded messages larger than this travel as a blob reference."""
+
+
 class StackSettings(Section):
     state_dir: Path = Field(
         default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state") / "rollstream"
@@ -148,6 +155,8 @@ class Settings(BaseSettings):
     """Sandbox image."""
     topics: TopicsSettings = Field(default_factory=TopicsSettings)
     """Topic names and sizes."""
+    blobs: BlobsSettings = Field(default_factory=BlobsSettings)
+    """Claim-check blob store."""
     stack: StackSettings = Field(default_factory=StackSettings)
     """Local stack state."""
 
