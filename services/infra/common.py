@@ -45,6 +45,16 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def which(binary: str) -> str | None:
+    """shutil.which, also looking in the sbin directories (a non-login root shell, or CI,
+    may not have them on PATH; dockerd, debootstrap and chroot live there)."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), *SBIN_DIRS])
+    return shutil.which(binary, path=path)
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -55,10 +65,10 @@ _APT_UPDATED = False
 def ensure_debian_packages(binaries: dict[str, str]) -> None:
     """Install the Debian package of each missing binary ({binary: package}) with apt-get."""
     global _APT_UPDATED
-    missing = sorted({pkg for binary, pkg in binaries.items() if shutil.which(binary) is None})
+    missing = sorted({pkg for binary, pkg in binaries.items() if which(binary) is None})
     if not missing:
         return
-    if not is_root() or shutil.which("apt-get") is None:
+    if not is_root() or which("apt-get") is None:
         raise StackError(
             f"missing {', '.join(missing)}; install with: sudo apt-get install -y "
             + " ".join(missing)

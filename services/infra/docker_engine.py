@@ -7,11 +7,10 @@ rollstream ever needs a network, and nothing may reach private address ranges.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from typing import TYPE_CHECKING
 
-from services.infra.common import Check, StackError, ensure_debian_packages, is_root
+from services.infra.common import Check, StackError, ensure_debian_packages, is_root, which
 from services.infra.procs import ManagedProcess
 from services.settings import Settings
 
@@ -78,7 +77,7 @@ def up(settings: Settings) -> Check:
         )
     if settings.docker.install:
         ensure_debian_packages({"dockerd": "docker.io"})
-    binary = shutil.which("dockerd")
+    binary = which("dockerd")
     if binary is None:
         raise StackError("dockerd is not installed: apt-get install -y docker.io")
     proc = process(settings)

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from services.infra import docker_engine
-from services.infra.common import DEPLOY_DIR, Check, StackError, ensure_debian_packages
+from services.infra.common import DEPLOY_DIR, Check, StackError, ensure_debian_packages, which
 from services.settings import Settings
 
 RECIPE_DIR = DEPLOY_DIR / "sandbox"
@@ -184,7 +184,7 @@ def rootfs(settings: Settings) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        "debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
+        which("debootstrap") or "debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
         suite, str(partial), _debian_mirror(settings),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -211,7 +211,9 @@ def _build_debootstrap(settings: Settings) -> None:
         shutil.copytree(RECIPE_DIR / "files", tree / "opt" / "rollstream", dirs_exist_ok=True)
         shutil.copy2(RECIPE_DIR / "customize.sh", tree / "tmp" / "customize.sh")
         proc = subprocess.run(
-            ["chroot", str(tree), "/bin/sh", "/tmp/customize.sh"], capture_output=True, text=True
+            [which("chroot") or "chroot", str(tree), "/bin/sh", "/tmp/customize.sh"],
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0:
             raise StackError(f"customize.sh failed in the chroot:\n{proc.stderr[-2000:]}")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 
-from services.infra.common import Check, StackError, ensure_debian_packages
+from services.infra.common import Check, StackError, ensure_debian_packages, which
 from services.infra.procs import ManagedProcess
 from services.settings import Settings
 
@@ -53,7 +52,7 @@ def up(settings: Settings) -> Check:
     if proc.pid() is None:
         data = proc.dir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        binary = shutil.which("redis-server") or "redis-server"
+        binary = which("redis-server") or "redis-server"
         proc.start(
             [
                 binary,
