@@ -184,9 +184,13 @@ def rootfs(settings: Settings) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        which("debootstrap") or "debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-        suite, str(partial), _debian_mirror(settings),
-    ]  # fmt: skip
+        which("debootstrap") or "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(DEBIAN_PACKAGES)}",
+        suite,
+        str(partial),
+        _debian_mirror(settings),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise StackError(
