@@ -30,6 +30,9 @@ class TopicSpec:
     """How long records are kept (-1: forever)."""
     compacted: bool = False
     """Log compaction (latest record per key kept) instead of deletion by time."""
+    schemas: tuple[str, ...] = ()
+    """Message schemas published on the topic (besides BlobRef, which may stand in for any
+    of them); a consumer dead-letters anything else."""
 
     def full_name(self, prefix: str) -> str:
         return f"{prefix}.{self.name}"
@@ -44,22 +47,51 @@ class TopicSpec:
         return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms)}
 
 
-TASKS: Final = TopicSpec("tasks", key="task_id", partitions=4, retention_ms=3 * DAY_MS)
+TASKS: Final = TopicSpec(
+    "tasks", key="task_id", partitions=4, retention_ms=3 * DAY_MS, schemas=("Task",)
+)
 TRAJECTORIES: Final = TopicSpec(
-    "trajectories", key="group_id", partitions=GROUP_PARTITIONS, retention_ms=7 * DAY_MS
+    "trajectories",
+    key="group_id",
+    partitions=GROUP_PARTITIONS,
+    retention_ms=7 * DAY_MS,
+    schemas=("Trajectory",),
 )
 SANDBOX_REQUESTS: Final = TopicSpec(
-    "sandbox.requests", key="request_id", partitions=4, retention_ms=1 * DAY_MS
+    "sandbox.requests",
+    key="request_id",
+    partitions=4,
+    retention_ms=1 * DAY_MS,
+    schemas=("SandboxRequest",),
 )
 SANDBOX_RESULTS: Final = TopicSpec(
-    "sandbox.results", key="group_id", partitions=GROUP_PARTITIONS, retention_ms=1 * DAY_MS
+    "sandbox.results",
+    key="group_id",
+    partitions=GROUP_PARTITIONS,
+    retention_ms=1 * DAY_MS,
+    schemas=("SandboxResult",),
 )
 REWARDS: Final = TopicSpec(
-    "rewards", key="group_id", partitions=GROUP_PARTITIONS, retention_ms=7 * DAY_MS
+    "rewards",
+    key="group_id",
+    partitions=GROUP_PARTITIONS,
+    retention_ms=7 * DAY_MS,
+    schemas=("ScoredTrajectory",),
 )
-WEIGHTS: Final = TopicSpec("weights", key="policy", partitions=1, retention_ms=-1, compacted=True)
-LEDGER: Final = TopicSpec("ledger", key="trajectory_id", partitions=4, retention_ms=30 * DAY_MS)
-DLQ: Final = TopicSpec("dlq", key="source_key", partitions=1, retention_ms=30 * DAY_MS)
+WEIGHTS: Final = TopicSpec(
+    "weights",
+    key="policy",
+    partitions=1,
+    retention_ms=-1,
+    compacted=True,
+    schemas=("WeightUpdate",),
+)
+LEDGER: Final = TopicSpec(
+    "ledger", key="trajectory_id", partitions=4, retention_ms=30 * DAY_MS, schemas=("LedgerEntry",)
+)
+DLQ: Final = TopicSpec(
+    "dlq", key="source_key", partitions=1, retention_ms=30 * DAY_MS, schemas=("DeadLetter",)
+)
 
 ALL: Final[tuple[TopicSpec, ...]] = (
     TASKS,
@@ -72,3 +104,24 @@ ALL: Final[tuple[TopicSpec, ...]] = (
     DLQ,
 )
 BY_NAME: Final[dict[str, TopicSpec]] = {t.name: t for t in ALL}
+
+
+def key_for(spec: TopicSpec, msg: object) -> bytes | None:
+    """The Kafka key of `msg` on `spec`'s topic: its `spec.key` attribute as UTF-8 (bytes
+    as they are; None stays None, only the DLQ allows it). Use the message itself, not its
+    claim-check BlobRef: the key of a claim-checked record is the inner message's key."""
+    value = getattr(msg, spec.key, _MISSING)
+    if value is _MISSING:
+        raise ValueError(f"{type(msg).__name__} has no {spec.key!r}, the key of {spec.name}")
+    if value is None or isinstance(value, bytes):
+        if value is None and spec.name != DLQ.name:
+            raise ValueError(f"{spec.name}: the key {spec.key!r} of {type(msg).__name__} is None")
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int):
+        return str(value).encode()
+    raise ValueError(f"{spec.name}: key {spec.key!r} is a {type(value).__name__}")
+
+
+_MISSING: Final = object()
