@@ -1,0 +1,57 @@
+"""Pure bookkeeping of the service loop: which offsets are done, which ids were seen."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class OffsetTracker:
+    """Per partition, the next offset such that every earlier record is fully handled
+    (trained on, dropped, masked or dead-lettered). Records waiting in a batch hold it back.
+    """
+
+    def __init__(self, start: dict[int, int] | None = None) -> None:
+        self._next: dict[int, int] = dict(start or {})
+        self._open: dict[int, set[int]] = {}
+
+    def seen(self, partition: int, offset: int) -> None:
+        """A record was read; it is open until `done`."""
+        self._open.setdefault(partition, set()).add(offset)
+        self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+
+    def done(self, partition: int, offset: int) -> None:
+        self._open.get(partition, set()).discard(offset)
+
+    def committable(self) -> dict[int, int]:
+        """Next offset to consume per partition, safe to commit and to checkpoint."""
+        return {p: min(self._open.get(p) or {n}) for p, n in self._next.items()}
+
+    @property
+    def open(self) -> int:
+        return sum(len(v) for v in self._open.values())
+
+
+class DedupWindow:
+    """The most recent `size` ids, in insertion order (a bounded idempotency window)."""
+
+    def __init__(self, size: int, ids: Iterable[str] = ()) -> None:
+        self.size = size
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        for i in ids:
+            self.add(i)
+
+    def add(self, item: str) -> None:
+        self._ids[item] = None
+        self._ids.move_to_end(item)
+        while len(self._ids) > self.size:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def to_list(self) -> list[str]:
+        return list(self._ids)

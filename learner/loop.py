@@ -1,0 +1,386 @@
+"""The learner's service loop: rewards in; updates, weights, checkpoints and ledger out.
+
+Order of effects, which makes "every reward trained once or dropped with a reason" hold
+across crashes (DESIGN.md sections 3 and 6):
+
+1. A record is read. Bad bytes get a dead letter; duplicates (trajectory id already seen)
+   are skipped; masked, invalid and stale samples get a ledger entry (masked / dropped,
+   with the reason); the rest wait in the batcher. Ledger entries and dead letters go to
+   an outbox, not yet to Kafka.
+2. A full batch (token budget, or `batch_max_wait_s` after its first sample) is trained
+   on; each sample gets a `trained` ledger entry in the outbox.
+3. Every `publish_every` steps: weights to the store (complete blob, sha256), then the
+   WeightUpdate on `weights`. Versions only increase: a restarted learner continues after
+   the newest version announced on the topic, even when its checkpoint is older.
+4. Every `checkpoint_every` steps (and on a clean stop): checkpoint (model, optimizer,
+   RNG, version, offsets of the fully handled records, dedup window, outbox) written
+   atomically; then the outbox is sent and the offsets committed; then the checkpoint is
+   marked flushed. A restart resumes from the newest checkpoint; if it was not marked
+   flushed, its outbox is sent again (same message ids, so readers dedup). Work after the
+   checkpoint is redone, and its outbox was never sent, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from learner import staleness
+from learner.batching import TokenBudgetBatcher
+from learner.bookkeeping import DedupWindow, OffsetTracker
+from learner.checkpoint import CheckpointManager, CheckpointState
+from learner.kafka_io import LearnerIO, Record
+from learner.metrics import LearnerMetrics
+from learner.sample import Sample, from_scored, problem
+from learner.trainer import Trainer
+from learner.weights import WeightStore
+from schemas import codec
+from schemas.deadletter import publish_dead_letter
+from schemas.messages import LedgerEntry, LedgerStatus, ScoredTrajectory, WeightUpdate
+
+log = logging.getLogger(__name__)
+Unpack = Callable[[bytes], Awaitable[ScoredTrajectory]]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    policy: str
+    rewards_topic: str
+    weights_topic: str
+    ledger_topic: str
+    dlq_topic: str
+    writer: str = "learner-0"
+    max_lag: int = 4
+    batch_tokens: int = 16384
+    batch_max_wait_s: float = 5.0
+    publish_every: int = 1
+    checkpoint_every: int = 20
+    dedup_window: int = 100_000
+    poll_s: float = 0.5
+    max_steps: int | None = None
+    max_seconds: float | None = None
+    idle_exit_s: float | None = None
+    """Stop after this long without records and with nothing pending (tests, benchmarks)."""
+
+
+class _Outbox:
+    """A producer that only appends to the outbox (for publish_dead_letter)."""
+
+    def __init__(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
+        self.items = items
+
+    async def send_and_wait(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None
+    ) -> object:
+        self.items.append((topic, key, value or b""))
+        return None
+
+
+@dataclass
+class _Pending:
+    sample: Sample
+    partition: int
+    offset: int
+    lag: int | None
+
+
+@dataclass
+class Summary:
+    steps: int = 0
+    version: int = -1
+    counts: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    wall_s: float = 0.0
+    wait_s: float = 0.0
+    train_s: float = 0.0
+    publish_s: float = 0.0
+    checkpoint_s: float = 0.0
+    restore_s: float = 0.0
+    """Start-up (checkpoint, announced version, first publication); not in wall_s."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_s if self.train_s else 0.0
+
+    @property
+    def wait_frac(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s else 0.0
+
+
+class Learner:
+    def __init__(
+        self,
+        cfg: LoopConfig,
+        trainer: Trainer,
+        store: WeightStore,
+        checkpoints: CheckpointManager,
+        io: LearnerIO,
+        unpack: Unpack,
+        metrics: LearnerMetrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.trainer = trainer
+        self.store = store
+        self.ckpt = checkpoints
+        self.io = io
+        self.unpack = unpack
+        self.metrics = metrics
+        self.version = -1
+        self.samples_consumed = 0
+        self.tracker = OffsetTracker()
+        self.dedup = DedupWindow(cfg.dedup_window)
+        self.batcher: TokenBudgetBatcher[_Pending] = TokenBudgetBatcher(
+            cfg.batch_tokens, lambda p: p.sample.length
+        )
+        self.inflight: set[str] = set()
+        self.outbox: list[tuple[str, bytes | None, bytes]] = []
+        self.last_publish_step = self.last_ckpt_step = 0
+        self.pending_since: float | None = None
+        self.summary = Summary()
+        self._stop = asyncio.Event()
+        self._started = time.monotonic()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- start -------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Resume from the newest checkpoint (or start fresh), then position the consumer."""
+        announced = await self.io.last_value(self.cfg.weights_topic, self.cfg.policy.encode())
+        last = codec.decode(announced, WeightUpdate).version if announced else -1
+        policy, opt = self.trainer.policy, self.trainer.optimizer
+        loaded = self.ckpt.load_latest(policy, opt)  # type: ignore[arg-type]
+        if loaded is None:
+            log.info("no checkpoint: starting fresh after announced version %d", last)
+            self.version = last
+            await self.publish()
+            await self.io.seek({})
+            return
+        path, st = loaded
+        self.trainer.steps = self.last_ckpt_step = st.step
+        self.last_publish_step = int(st.extra.get("last_publish_step", st.step))
+        self.version = max(st.version, last)
+        self.samples_consumed = st.samples_consumed
+        self.dedup = DedupWindow(self.cfg.dedup_window, st.extra.get("dedup", []))
+        offsets = st.offsets.get(self.cfg.rewards_topic, {})
+        self.tracker = OffsetTracker(offsets)
+        if not self.ckpt.is_flushed(path):
+            await self._flush(path, st.outbox, offsets)
+        log.info("resumed from %s: step %d, version %d", path.name, st.step, self.version)
+        await self.io.seek(offsets)
+
+    # -- main loop ---------------------------------------------------------------------
+
+    async def run(self) -> Summary:
+        t0 = time.monotonic()
+        started = self._started = t0
+        try:
+            await self.restore()
+            started = self._started = last_data = time.monotonic()
+            self.summary.restore_s = started - t0
+            while not self._stop.is_set() and not self._limits_reached(started):
+                t0 = time.monotonic()
+                records = await self.io.poll(self.cfg.poll_s, max_records=1024)
+                self.summary.wait_s += time.monotonic() - t0
+                if records:
+                    last_data = time.monotonic()
+                for rec in records:
+                    batch = await self._handle(rec)
+                    if batch:
+                        await self._train(batch)
+                    if self._limits_reached(started):
+                        break
+                if self._batch_overdue():
+                    await self._train(self.batcher.flush())
+                idle = self.cfg.idle_exit_s
+                if (
+                    idle is not None
+                    and not len(self.batcher)
+                    and time.monotonic() - last_data > idle
+                ):
+                    break
+            await self._finish()
+        finally:
+            self.summary.wall_s = time.monotonic() - started
+            self.summary.steps, self.summary.version = self.trainer.steps, self.version
+        return self.summary
+
+    def _limits_reached(self, started: float) -> bool:
+        c = self.cfg
+        if c.max_steps is not None and self.trainer.steps >= c.max_steps:
+            return True
+        return c.max_seconds is not None and time.monotonic() - started >= c.max_seconds
+
+    def _batch_overdue(self) -> bool:
+        if not len(self.batcher) or self.pending_since is None:
+            return False
+        return time.monotonic() - self.pending_since >= self.cfg.batch_max_wait_s
+
+    async def _finish(self) -> None:
+        if self.trainer.steps > self.last_publish_step:
+            await self.publish()
+        if self.trainer.steps > self.last_ckpt_step or self.outbox:
+            await self.checkpoint()
+
+    # -- one record --------------------------------------------------------------------
+
+    def _count(self, status: str, n: int = 1) -> None:
+        self.summary.counts[status] = self.summary.counts.get(status, 0) + n
+        if self.metrics is not None:
+            self.metrics.fate(status, n)
+
+    async def _handle(self, rec: Record) -> list[_Pending] | None:
+        self.tracker.seen(rec.partition, rec.offset)
+        try:
+            if rec.value is None:
+                raise codec.SchemaError("bytes", "$", "empty record (tombstone) on rewards")
+            msg = await self.unpack(rec.value)
+        except codec.SchemaError as exc:
+            await publish_dead_letter(
+                _Outbox(self.outbox),
+                self.cfg.dlq_topic,
+                reason=f"undecodable ScoredTrajectory: {exc}",
+                source_topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                key=rec.key,
+                value=rec.value,
+                consumer=self.cfg.writer,
+                error=exc,
+            )
+            self.tracker.done(rec.partition, rec.offset)
+            self._count("dead_letter")
+            return None
+        sample = from_scored(msg)
+        tid = sample.trajectory_id
+        if tid in self.dedup or tid in self.inflight:
+            self.tracker.done(rec.partition, rec.offset)
+            self._count("duplicate")
+            return None
+        lag = staleness.lag(self.version, sample.version)
+        if msg.masked:
+            self._settle(rec, sample, LedgerStatus.MASKED, msg.mask_reason)
+            return None
+        p = self.trainer.policy
+        reason = problem(sample, p.vocab_size, p.max_seq_len) or staleness.stale_reason(
+            lag, self.cfg.max_lag
+        )
+        if reason is not None:
+            self._settle(rec, sample, LedgerStatus.DROPPED, reason)
+            return None
+        self.inflight.add(tid)
+        if not len(self.batcher):
+            self.pending_since = time.monotonic()
+        return self.batcher.add(_Pending(sample, rec.partition, rec.offset, lag))
+
+    def _settle(self, rec: Record, sample: Sample, status: LedgerStatus, reason: str) -> None:
+        self._record(sample, status, reason)
+        self.tracker.done(rec.partition, rec.offset)
+        self._count(status.value)
+
+    def _record(self, sample: Sample, status: LedgerStatus, reason: str = "") -> None:
+        entry = LedgerEntry(
+            trajectory_id=sample.trajectory_id,
+            group_id=sample.group_id,
+            status=status,
+            reason=reason,
+            policy_version=max(sample.version, -1),
+            learner_step=self.trainer.steps if status is LedgerStatus.TRAINED else -1,
+            writer=self.cfg.writer,
+        )
+        self.outbox.append(
+            (self.cfg.ledger_topic, sample.trajectory_id.encode(), codec.encode(entry))
+        )
+        self.dedup.add(sample.trajectory_id)
+        self.samples_consumed += 1
+
+    # -- training, publication, checkpoints -------------------------------------------
+
+    async def _train(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
+        self.pending_since = None
+        result = await asyncio.to_thread(self.trainer.step, [p.sample for p in batch])
+        self.summary.train_s += result.seconds
+        self.summary.tokens += result.tokens
+        for p in batch:
+            self._record(p.sample, LedgerStatus.TRAINED)
+            self.tracker.done(p.partition, p.offset)
+            self.inflight.discard(p.sample.trajectory_id)
+        self._count("trained", len(batch))
+        stats = dict(result.stats)
+        stats["tokens_per_s"] = result.tokens / max(result.seconds, 1e-9)
+        stats["wait_frac"] = self.summary.wait_s / max(time.monotonic() - self._started, 1e-9)
+        lags = [p.lag for p in batch if p.lag is not None]
+        if self.metrics is not None:
+            self.metrics.step(self.trainer.steps, result.steps, stats, lags, result.tokens)
+        log.info(
+            "step %d v%d: loss %.4f reward %.3f ratio %.3f clip %.3f tok/s %.0f",
+            self.trainer.steps,
+            self.version,
+            stats["loss"],
+            stats["reward_mean"],
+            stats["ratio_mean"],
+            stats["clip_frac"],
+            stats["tokens_per_s"],
+        )
+        if self.trainer.steps - self.last_publish_step >= self.cfg.publish_every:
+            await self.publish()
+        if self.trainer.steps - self.last_ckpt_step >= self.cfg.checkpoint_every:
+            await self.checkpoint()
+
+    async def publish(self) -> WeightUpdate:
+        """Weights to the store, then the announcement: a WeightUpdate on `weights` always
+        points at a complete blob."""
+        t0 = time.monotonic()
+        version = self.version + 1
+        weights = await asyncio.to_thread(self.trainer.policy.weights)
+        ref = await asyncio.to_thread(self.store.put, version, weights)
+        update = WeightUpdate(
+            policy=self.cfg.policy,
+            version=version,
+            step=self.trainer.steps,
+            uri=ref.uri,
+            sha256=ref.sha256,
+            size_bytes=ref.size_bytes,
+            samples_consumed=self.samples_consumed,
+        )
+        await self.io.send_and_wait(
+            self.cfg.weights_topic, value=codec.encode(update), key=self.cfg.policy.encode()
+        )
+        self.version, self.last_publish_step = version, self.trainer.steps
+        self.summary.publish_s += time.monotonic() - t0
+        if self.metrics is not None:
+            self.metrics.published(version, time.monotonic() - t0)
+        log.info("published version %d (step %d) at %s", version, self.trainer.steps, ref.uri)
+        return update
+
+    async def checkpoint(self) -> None:
+        t0 = time.monotonic()
+        offsets = self.tracker.committable()
+        state = CheckpointState(
+            version=self.version,
+            step=self.trainer.steps,
+            samples_consumed=self.samples_consumed,
+            offsets={self.cfg.rewards_topic: offsets},
+            outbox=self.outbox,
+            extra={"dedup": self.dedup.to_list(), "last_publish_step": self.last_publish_step},
+        )
+        policy, opt = self.trainer.policy, self.trainer.optimizer
+        path = await asyncio.to_thread(self.ckpt.save, state, policy, opt)  # type: ignore[arg-type]
+        items, self.outbox = self.outbox, []
+        self.last_ckpt_step = self.trainer.steps
+        await self._flush(path, items, offsets)
+        self.summary.checkpoint_s += time.monotonic() - t0
+
+    async def _flush(
+        self, path: Path, items: list[tuple[str, bytes | None, bytes]], offsets: dict[int, int]
+    ) -> None:
+        await self.io.send_all(items)
+        await self.io.commit(offsets)
+        self.ckpt.mark_flushed(path)

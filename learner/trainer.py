@@ -1,0 +1,179 @@
+"""One learner update: micro-batched forward/backward of the loss, optimizer step.
+
+No Kafka here: the service loop (learner/loop.py) feeds batches, and tests and benchmarks
+drive it directly. CUDA when available, CPU otherwise, on the same code path; bf16 autocast
+where the device supports it (logprobs and the loss are always computed in float32).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from learner.batching import micro_batches, split_even
+from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
+from learner.policy import Policy
+from learner.sample import Sample, collate
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 4096
+    """Padded tokens per forward/backward pass (memory bound)."""
+    minibatches: int = 1
+    """Optimizer steps per batch; above 1 the PPO clip against the proximal policy bites."""
+    temperature: float = 1.0
+    """Sampling temperature of the generators; logits are divided by it."""
+    amp: bool = True
+    """bf16 autocast on devices that support it."""
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class StepResult:
+    steps: int
+    """Optimizer steps taken."""
+    stats: dict[str, float]
+    tokens: int
+    """Sequence tokens processed (prompt + completion)."""
+    seconds: float
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """`auto`: the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(device: torch.device, amp: bool) -> torch.dtype | None:
+    if amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+class Trainer:
+    def __init__(
+        self,
+        policy: Policy,
+        cfg: TrainConfig,
+        device: torch.device | None = None,
+        ref_policy: Policy | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.device = device or pick_device()
+        self.policy = policy
+        policy.to(self.device)
+        policy.train()
+        self.ref_policy = ref_policy
+        if ref_policy is not None:
+            ref_policy.to(self.device)
+            ref_policy.train(False)
+        self.optimizer = torch.optim.AdamW(
+            list(policy.trainable_parameters()),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+        )
+        self.amp_dtype = autocast_dtype(self.device, cfg.amp)
+        self.steps = 0
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=bool(self.amp_dtype)
+        )
+
+    def _logprobs(
+        self, policy: Policy, tokens: Tensor, attn: Tensor, entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        with self._autocast():
+            return policy.token_logprobs(
+                tokens, attn, temperature=self.cfg.temperature, with_entropy=entropy
+            )
+
+    @torch.no_grad()
+    def _proximal(self, samples: Sequence[Sample]) -> list[Tensor]:
+        """log pi_prox of every target token, per sample, before this batch's updates."""
+        out: list[Tensor] = [torch.empty(0)] * len(samples)
+        for group in micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens):
+            batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
+            logp, _ = self._logprobs(self.policy, batch.tokens, batch.attention_mask, False)
+            for row, i in enumerate(group):
+                out[i] = logp[row, : samples[i].length - 1]
+        return out
+
+    def _update(self, samples: Sequence[Sample], prox: list[Tensor] | None) -> LossStats:
+        self.optimizer.zero_grad(set_to_none=True)
+        num_tokens = float(sum(s.trained_tokens for s in samples))
+        stats = LossStats()
+        want_entropy = self.cfg.loss.entropy_coef > 0
+        for group in micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens):
+            batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
+            logp, ent = self._logprobs(
+                self.policy, batch.tokens, batch.attention_mask, want_entropy
+            )
+            ref = None
+            if self.ref_policy is not None and self.cfg.loss.kl_coef:
+                with torch.no_grad():
+                    ref, _ = self._logprobs(
+                        self.ref_policy, batch.tokens, batch.attention_mask, False
+                    )
+            prox_t = None
+            if prox is not None:
+                prox_t = torch.nn.utils.rnn.pad_sequence([prox[i] for i in group], batch_first=True)
+                prox_t = torch.nn.functional.pad(prox_t, (0, logp.shape[1] - prox_t.shape[1]))
+            inputs = LossInputs(
+                logp=logp,
+                mask=batch.loss_mask,
+                advantages=batch.advantages,
+                behaviour_logp=batch.behaviour_logp,
+                has_behaviour=batch.has_behaviour,
+                proximal_logp=prox_t,
+                ref_logp=ref,
+                entropy=ent,
+            )
+            loss, s = policy_loss(inputs, self.cfg.loss, num_tokens=num_tokens)
+            loss.backward()  # type: ignore[no-untyped-call]
+            stats.merge(s)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        stats.add("grad_norm", float(norm))
+        return stats
+
+    def step(self, samples: Sequence[Sample]) -> StepResult:
+        """Train on one batch: ``cfg.minibatches`` optimizer steps over it."""
+        if not samples:
+            raise ValueError("Trainer.step: empty batch")
+        started = time.perf_counter()
+        minis = split_even(list(range(len(samples))), self.cfg.minibatches)
+        prox = self._proximal(samples) if len(minis) > 1 else None
+        stats = LossStats()
+        for mini in minis:
+            stats.merge(
+                self._update([samples[i] for i in mini], [prox[i] for i in mini] if prox else None)
+            )
+        means = stats.means()
+        for key in ("loss", "pg_loss", "rwl_loss"):
+            means[key] /= len(minis)
+        means["grad_norm"] = stats.sums["grad_norm"] / len(minis)
+        means["reward_mean"] = float(np.mean([s.reward for s in samples]))
+        means["advantage_mean"] = float(np.mean([s.advantage for s in samples]))
+        means["samples"] = float(len(samples))
+        means["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return StepResult(
+            steps=len(minis),
+            stats=means,
+            tokens=sum(s.length for s in samples),
+            seconds=time.perf_counter() - started,
+        )

@@ -1,0 +1,242 @@
+"""Weight store: where published policy weights live (the `weights` topic only announces).
+
+Blobs are safetensors (never pickle), identified by SHA-256. A blob's location embeds its
+version and hash, so a location is written once and never changes: an announcement keeps
+pointing at the bytes it was made for, even if a restarted learner publishes that version
+number again with other weights (it never does, see learner/loop.py, but the store does not
+rely on it).
+
+- `RedisWeightStore`: chunks under ``{namespace}:{policy}:v{version}-{sha}:{i}``, then the
+  manifest (JSON: size, sha256, chunk count) written LAST, so a reader that finds the
+  manifest finds every chunk. For small models (one Redis value is at most 512 MB, and big
+  values block the server).
+- `DirWeightStore`: ``{root}/{policy}/v{version:08d}-{sha16}.safetensors`` written to a
+  temporary file, fsynced, then renamed into place (atomic on POSIX), then the directory
+  fsynced. For large models; a shared filesystem or object-store mount scales it out.
+
+Both keep the `keep` most recently written blobs of a policy and delete older ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+from torch import Tensor
+
+FORMAT = "safetensors"
+DEFAULT_CHUNK = 8 * 1024 * 1024
+
+
+class WeightIntegrityError(Exception):
+    """The blob is missing, incomplete, or its SHA-256 does not match."""
+
+
+@dataclass(frozen=True)
+class StoredWeights:
+    uri: str
+    sha256: str
+    size_bytes: int
+
+
+class WeightStore(Protocol):
+    def put(self, version: int, state: Mapping[str, Tensor]) -> StoredWeights:
+        """Store a state dict as version `version`; return where, its sha256 and size."""
+        ...
+
+    def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
+        """Fetch, verify the SHA-256 (WeightIntegrityError if it does not match), load."""
+        ...
+
+
+def serialize(state: Mapping[str, Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous() for k, v in state.items()}, {"format": "pt"})
+
+
+def deserialize(data: bytes) -> dict[str, Tensor]:
+    from safetensors.torch import load
+
+    return load(data)
+
+
+def _verified(data: bytes, sha256: str, uri: str) -> bytes:
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise WeightIntegrityError(f"{uri}: sha256 {digest} does not match expected {sha256}")
+    return data
+
+
+class RedisWeightStore:
+    def __init__(
+        self,
+        client: Any,
+        policy: str,
+        namespace: str = "rollstream:weights",
+        chunk_bytes: int = DEFAULT_CHUNK,
+        keep: int = 3,
+    ) -> None:
+        self.r = client
+        self.policy = policy
+        self.prefix = f"{namespace}:{policy}"
+        self.chunk_bytes = chunk_bytes
+        self.keep = keep
+
+    @classmethod
+    def from_url(cls, url: str, policy: str, **kwargs: Any) -> RedisWeightStore:
+        import redis
+
+        return cls(redis.Redis.from_url(url), policy, **kwargs)
+
+    def put(self, version: int, state: Mapping[str, Tensor]) -> StoredWeights:
+        data = serialize(state)
+        sha = hashlib.sha256(data).hexdigest()
+        base = f"{self.prefix}:v{version:08d}-{sha[:16]}"
+        view = memoryview(data)
+        chunks = max(1, -(-len(data) // self.chunk_bytes))
+        pipe = self.r.pipeline(transaction=False)
+        for i in range(chunks):
+            pipe.set(f"{base}:{i}", view[i * self.chunk_bytes : (i + 1) * self.chunk_bytes])
+            if i % 8 == 7:
+                pipe.execute()
+        pipe.execute()
+        manifest = {"sha256": sha, "size": len(data), "chunks": chunks, "format": FORMAT}
+        self.r.set(f"{base}:manifest", json.dumps(manifest))  # last: the blob is complete
+        self.r.zadd(f"{self.prefix}:index", {base: time.time()})
+        self._prune(keep=base)
+        return StoredWeights(f"redis:{base}", sha, len(data))
+
+    def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
+        if not uri.startswith("redis:"):
+            raise ValueError(f"not a Redis weight uri: {uri}")
+        base = uri.removeprefix("redis:")
+        raw = self.r.get(f"{base}:manifest")
+        if raw is None:
+            raise WeightIntegrityError(f"{uri}: no manifest (not written yet, or pruned)")
+        manifest = json.loads(raw)
+        parts = self.r.mget([f"{base}:{i}" for i in range(int(manifest["chunks"]))])
+        if any(p is None for p in parts):
+            raise WeightIntegrityError(f"{uri}: chunks missing (pruned while reading?)")
+        data = b"".join(parts)
+        if len(data) != manifest["size"] or manifest["sha256"] != sha256:
+            raise WeightIntegrityError(f"{uri}: manifest does not match the announcement")
+        return deserialize(_verified(data, sha256, uri))
+
+    def _prune(self, keep: str) -> None:
+        """Delete all but the `self.keep` newest blobs (by write time), never `keep`."""
+        old = self.r.zrange(f"{self.prefix}:index", 0, -self.keep - 1)
+        for member in old:
+            base = member.decode() if isinstance(member, bytes) else member
+            if base == keep:
+                continue
+            manifest = self.r.get(f"{base}:manifest")
+            n = json.loads(manifest)["chunks"] if manifest else 0
+            self.r.delete(f"{base}:manifest")  # first: readers stop finding the blob
+            if n:
+                self.r.delete(*[f"{base}:{i}" for i in range(n)])
+            self.r.zrem(f"{self.prefix}:index", member)
+
+
+_NAME = re.compile(r"^v(\d{8})-[0-9a-f]{16}\.safetensors$")
+
+
+class DirWeightStore:
+    def __init__(self, root: str | Path, policy: str, keep: int = 3) -> None:
+        self.dir = Path(root) / policy
+        self.keep = keep
+
+    def put(self, version: int, state: Mapping[str, Tensor]) -> StoredWeights:
+        data = serialize(state)
+        sha = hashlib.sha256(data).hexdigest()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.dir / f"v{version:08d}-{sha[:16]}.safetensors"
+        write_atomic(final, data)
+        self._prune(keep=final)
+        return StoredWeights(final.resolve().as_uri(), sha, len(data))
+
+    def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
+        path = path_of(uri)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise WeightIntegrityError(f"{uri}: no such blob (pruned?)") from exc
+        return deserialize(_verified(data, sha256, uri))
+
+    def _prune(self, keep: Path) -> None:
+        """Delete all but the `self.keep` newest blobs (by write time), never `keep`."""
+        blobs = sorted(
+            (p for p in self.dir.iterdir() if _NAME.match(p.name) and p != keep),
+            key=lambda p: p.stat().st_mtime_ns,
+        )
+        for p in blobs[: max(0, len(blobs) - (self.keep - 1))]:
+            p.unlink(missing_ok=True)
+
+
+def path_of(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        raise ValueError(f"not a file uri: {uri}")
+    return Path(unquote(parsed.path))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a file so that readers see either nothing or all of it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_store(
+    backend: str, policy: str, *, redis_url: str | None = None, root: Path | None = None, **kw: Any
+) -> WeightStore:
+    """A store by name: `redis` (needs redis_url) or `dir` (needs root)."""
+    if backend == "redis":
+        if redis_url is None:
+            raise ValueError("the redis weight store needs a Redis URL")
+        return RedisWeightStore.from_url(redis_url, policy, **kw)
+    if backend == "dir":
+        if root is None:
+            raise ValueError("the dir weight store needs a root directory")
+        return DirWeightStore(root, policy, **kw)
+    raise ValueError(f"unknown weight store {backend!r} (expected redis or dir)")
+
+
+def fetch(uri: str, sha256: str, *, redis_url: str | None = None) -> dict[str, Tensor]:
+    """Fetch announced weights by uri alone (what a generator does with a WeightUpdate)."""
+    if uri.startswith("redis:"):
+        if redis_url is None:
+            raise ValueError(f"{uri}: a Redis URL is needed to fetch it")
+        store = RedisWeightStore.from_url(redis_url, policy="")
+        try:
+            return store.get(uri, sha256)
+        finally:
+            store.r.close()
+    if uri.startswith("file:"):
+        return DirWeightStore(path_of(uri).parent.parent, "").get(uri, sha256)
+    raise ValueError(f"unsupported weight uri scheme: {uri}")

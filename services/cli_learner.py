@@ -1,0 +1,73 @@
+"""CLI of the learner; registered on the root app by services/cli.py. Heavy imports (torch,
+aiokafka) stay inside the command, so `rollstream --help` stays instant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add `rollstream learner`."""
+
+    @app.command()
+    def learner(
+        ctx: typer.Context,
+        prefix: Annotated[str | None, typer.Option(help="Topic prefix (topics.prefix).")] = None,
+        policy: Annotated[str | None, typer.Option(help="Policy name (learner.policy).")] = None,
+        device: Annotated[
+            str | None, typer.Option(help="auto | cpu | cuda | cuda:N (learner.device).")
+        ] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option(help="Prometheus port on 127.0.0.1 (0: off).")
+        ] = None,
+        max_steps: Annotated[
+            int | None, typer.Option(help="Stop at this many optimizer steps in total.")
+        ] = None,
+        max_seconds: Annotated[
+            float | None, typer.Option(help="Stop after this many seconds.")
+        ] = None,
+        idle_exit: Annotated[
+            float | None,
+            typer.Option(help="Stop after this many seconds without new rewards."),
+        ] = None,
+        log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
+    ) -> None:
+        """Run the asynchronous off-policy learner: rewards -> updates -> weights + ledger."""
+        import asyncio
+        import json
+        import logging
+
+        from learner.service import run_service
+        from services.cli import settings_from
+
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        settings = settings_from(
+            ctx,
+            **{
+                "topics.prefix": prefix,
+                "learner.policy": policy,
+                "learner.device": device,
+                "learner.metrics_port": metrics_port,
+            },
+        )
+        summary = asyncio.run(
+            run_service(
+                settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit
+            )
+        )
+        typer.echo(
+            json.dumps(
+                {
+                    "steps": summary.steps,
+                    "version": summary.version,
+                    "samples": summary.counts,
+                    "tokens_per_s": round(summary.tokens_per_s, 1),
+                    "wait_frac": round(summary.wait_frac, 3),
+                }
+            )
+        )
