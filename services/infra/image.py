@@ -12,6 +12,7 @@ as it is. Two build paths run the same customize.sh:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import re
 import shutil
@@ -43,11 +44,16 @@ def recipe_hash(settings: Settings, recipe_dir: Path = RECIPE_DIR) -> str:
     h = hashlib.sha256(
         f"suite={settings.sandbox.debian_suite}\npackages={','.join(DEBIAN_PACKAGES)}\n".encode()
     )
-    for path in sorted(p for p in recipe_dir.rglob("*") if p.is_file()):
+    for path in sorted(p for p in recipe_dir.rglob("*") if _in_recipe(p)):
         rel = path.relative_to(recipe_dir).as_posix()
         h.update(f"{rel}\n{path.stat().st_mode & 0o111:o}\n".encode())
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
+
+
+def _in_recipe(path: Path) -> bool:
+    """Recipe files: everything but bytecode a local run may leave behind."""
+    return path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
 
 
 def image_ref(settings: Settings) -> str:
@@ -82,6 +88,17 @@ def up(settings: Settings) -> Check:
     if current.healthy:
         current.detail = "reused: " + current.detail
         return current
+    settings.stack.cache_dir.mkdir(parents=True, exist_ok=True)
+    with (settings.stack.cache_dir / "sandbox-image.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the others then reuse it
+        current = probe(settings)
+        if current.healthy:
+            current.detail = "reused: " + current.detail
+            return current
+        return _build(settings)
+
+
+def _build(settings: Settings) -> Check:
     mode = settings.sandbox.build
     if mode == "dockerfile" or (mode == "auto" and _base_pullable(settings)):
         _build_dockerfile(settings)
@@ -212,7 +229,12 @@ def _build_debootstrap(settings: Settings) -> None:
     try:
         subprocess.run(["cp", "-a", f"{base}/.", str(tree)], check=True)
         (tree / ".complete").unlink(missing_ok=True)
-        shutil.copytree(RECIPE_DIR / "files", tree / "opt" / "rollstream", dirs_exist_ok=True)
+        shutil.copytree(
+            RECIPE_DIR / "files",
+            tree / "opt" / "rollstream",
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
         shutil.copy2(RECIPE_DIR / "customize.sh", tree / "tmp" / "customize.sh")
         proc = subprocess.run(
             [which("chroot") or "chroot", str(tree), "/bin/sh", "/tmp/customize.sh"],
