@@ -1,0 +1,28 @@
+"""CLI of the reward dispatcher; registered on the root app by services/cli.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add `rollstream dispatcher`."""
+
+    @app.command()
+    def dispatcher(
+        ctx: typer.Context,
+        prefix: Annotated[str | None, typer.Option(help="Topic prefix (topics.prefix).")] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option(help="Prometheus port on 127.0.0.1 (0: off).")
+        ] = None,
+    ) -> None:
+        """Run the reward dispatcher: trajectories -> sandbox -> rewards (a faust worker)."""
+        from services.cli import settings_from
+        from streams.service import run
+
+        settings = settings_from(
+            ctx, **{"topics.prefix": prefix, "dispatcher.metrics_port": metrics_port}
+        )
+        run(settings)

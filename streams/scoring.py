@@ -1,0 +1,63 @@
+"""From verdicts to Scores: the sandbox tier's reward map and its in-process verifiers.
+
+- A sandbox result becomes a Score through `sandbox_workers.rewards.reward` (settings
+  section `rewards`); sandbox_error becomes a masked Score, never a reward.
+- A trajectory whose verifier needs no sandbox (math_answer, exact, regex) is judged here,
+  in the dispatcher, by the same plugins the sandbox worker would use, on its completion
+  text, and scored through the same map.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sandbox_workers import rewards
+from sandbox_workers.verifiers import InProcessVerifier, default_registry
+from schemas.rollout import Trajectory
+from schemas.sandbox import Outcome, SandboxResult
+from streams.groups import Score, ScoreInline, ScoreResult
+
+if TYPE_CHECKING:
+    from services.settings import RewardsSettings, Settings
+
+
+def to_score(
+    outcome: Outcome, passed: int, total: int, cfg: RewardsSettings, detail: str = ""
+) -> Score:
+    """The Score of one verdict under the reward map (masked when the map says None)."""
+    value = rewards.reward(outcome, passed, total, cfg)
+    if value is None:
+        reason = f"{outcome.value}: {detail}" if detail else outcome.value
+        return Score(outcome=outcome, passed=passed, total=total, masked=True, mask_reason=reason)
+    components = {"pass_fraction": passed / total} if total > 0 else {}
+    return Score(outcome=outcome, reward=value, passed=passed, total=total, components=components)
+
+
+def score_result(settings: Settings) -> ScoreResult:
+    cfg = settings.rewards
+
+    def score(result: SandboxResult) -> Score:
+        s = to_score(result.outcome, result.passed, result.total, cfg, result.detail)
+        s.verifier_name = result.verifier_name
+        s.verifier_version = result.verifier_version
+        s.image_digest = result.image_digest
+        return s
+
+    return score
+
+
+def score_inline(settings: Settings) -> ScoreInline:
+    cfg = settings.rewards
+    registry = default_registry()
+
+    async def score(traj: Trajectory) -> Score:
+        plugin, why = registry.lookup(traj.verifier)
+        if plugin is None or not isinstance(plugin, InProcessVerifier):
+            why = why or f"verifier {traj.verifier.name} needs a sandbox"
+            return to_score(Outcome.SANDBOX_ERROR, 0, 0, cfg, why)
+        verdict = await plugin.judge(traj.completion, traj.verifier)
+        s = to_score(verdict.outcome, verdict.passed, verdict.total, cfg, verdict.detail)
+        s.verifier_name, s.verifier_version = plugin.name, plugin.version
+        return s
+
+    return score
