@@ -79,19 +79,20 @@ class LedgerEntry(Message, kw_only=True):
 
 
 class Feedback(Message, kw_only=True):
-    """A person's or a system's judgement of a production trace. Published by the ingest
-    gateway; DESIGN.md declares no topic for it yet (see CHANGELOG)."""
+    """A person's or a system's judgement of a production trace. Topic `feedback`, key
+    trace_id. The ingest gateway publishes it and joins it to the trace itself (the reward
+    goes on `rewards`), so nothing has to consume this topic to train; it is the record."""
 
     trace_id: Key
     """Id of the trajectory (origin=production) this judges. writer: ingest; reader:
-    dispatcher (reward for production traces)."""
+    audit, export (the reward was joined by the gateway)."""
     score: float | None = None
     """Numeric score (finite), scale set by the deployment. writer: ingest; reader:
-    dispatcher."""
+    ingest (the reward map), people."""
     label: str | None = None
-    """Categorical label (correct, harmful ...). writer: ingest; reader: dispatcher."""
+    """Categorical label (correct, harmful ...). writer: ingest; reader: ingest, people."""
     thumbs: Annotated[int, msgspec.Meta(ge=-1, le=1)] | None = None
-    """-1 thumbs down, 0 neutral, 1 thumbs up. writer: ingest; reader: dispatcher."""
+    """-1 thumbs down, 0 neutral, 1 thumbs up. writer: ingest; reader: ingest, people."""
     comment: str = ""
     """Free text. writer: ingest; reader: people."""
 

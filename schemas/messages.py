@@ -9,7 +9,7 @@
 | ScoredTrajectory | rewards          | schemas/rollout.py   |
 | WeightUpdate     | weights          | schemas/learning.py  |
 | LedgerEntry      | ledger           | schemas/learning.py  |
-| Feedback         | (none yet)       | schemas/learning.py  |
+| Feedback         | feedback         | schemas/learning.py  |
 | DeadLetter       | dlq              | schemas/transport.py |
 | BlobRef          | any (claim check)| schemas/transport.py |
 

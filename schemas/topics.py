@@ -92,6 +92,11 @@ LEDGER: Final = TopicSpec(
 DLQ: Final = TopicSpec(
     "dlq", key="source_key", partitions=1, retention_ms=30 * DAY_MS, schemas=("DeadLetter",)
 )
+FEEDBACK: Final = TopicSpec(
+    "feedback", key="trace_id", partitions=4, retention_ms=30 * DAY_MS, schemas=("Feedback",)
+)
+"""Every judgement the ingest gateway accepted on a production trace, as received (the
+gateway also joins it to its trace and publishes the reward on `rewards`)."""
 
 ALL: Final[tuple[TopicSpec, ...]] = (
     TASKS,
@@ -102,6 +107,7 @@ ALL: Final[tuple[TopicSpec, ...]] = (
     WEIGHTS,
     LEDGER,
     DLQ,
+    FEEDBACK,
 )
 BY_NAME: Final[dict[str, TopicSpec]] = {t.name: t for t in ALL}
 

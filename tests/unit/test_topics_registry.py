@@ -3,7 +3,7 @@ from schemas import topics
 
 def test_names_unique_and_prefixed() -> None:
     names = [t.name for t in topics.ALL]
-    assert len(names) == len(set(names)) == 8
+    assert len(names) == len(set(names)) == 9
     assert topics.TRAJECTORIES.full_name("exp1") == "exp1.trajectories"
     assert set(topics.BY_NAME) == set(names)
 
@@ -21,3 +21,9 @@ def test_weights_compacted_others_expire() -> None:
         if not t.compacted:
             assert t.configs() == {"cleanup.policy": "delete", "retention.ms": str(t.retention_ms)}
             assert t.retention_ms > 0
+
+
+def test_feedback_keyed_by_trace() -> None:
+    assert topics.FEEDBACK.key == "trace_id"
+    assert topics.FEEDBACK.schemas == ("Feedback",)
+    assert topics.BY_NAME["feedback"] is topics.FEEDBACK
