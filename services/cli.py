@@ -4,6 +4,7 @@ so `rollstream --help` never pays for torch, aiokafka, docker or pydantic."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -49,9 +50,11 @@ def settings_from(ctx: typer.Context, **flags: Any) -> Settings:
     """Load settings with the CLI layer on top: --set pairs, then this command's flags."""
     from pydantic import ValidationError
 
-    from services.settings import load
+    from services.settings import CONFIG_ENV, load
 
     obj = ctx.find_root().obj or {}
+    if obj.get("config") is not None:  # services this command starts inherit the file
+        os.environ[CONFIG_ENV] = str(Path(obj["config"]).resolve())
     pairs = list(obj.get("set", []))
     pairs += [f"{k}={v}" for k, v in flags.items() if v is not None]
     try:
@@ -208,10 +211,13 @@ def demo(ctx: typer.Context) -> None:
 
 
 def _register_areas() -> None:
-    from services import cli_sandbox, cli_schemas
+    from services import cli_dispatcher, cli_learner, cli_ops, cli_sandbox, cli_schemas
 
     cli_schemas.register(app)
     cli_sandbox.register(app)
+    cli_dispatcher.register(app)
+    cli_learner.register(app)
+    cli_ops.register(app)
 
 
 _register_areas()

@@ -13,11 +13,12 @@ Layers, lowest to highest: field defaults < TOML file < environment < CLI.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -195,8 +196,6 @@ class DispatcherSettings(Section):
     """Wall-clock limit of each sandbox job the dispatcher requests."""
     sandbox_memory_mb: int = Field(default=256, ge=16)
     """Memory limit of each sandbox job the dispatcher requests."""
-    exactly_once: bool = True
-    """Kafka transactions: table updates, emitted messages and offsets commit atomically."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
     log_level: str = "warning"
@@ -341,6 +340,250 @@ class LearnerSettings(Section):
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
 
 
+class IngestSettings(Section):
+    """The ingest gateway for production agent traces and feedback (services/ingest,
+    `rollstream ingest`, DESIGN.md section 8)."""
+
+    host: str = "127.0.0.1"
+    """Address the gateway listens on. Keep it on loopback and put a TLS-terminating proxy
+    in front of it for outside clients."""
+    port: int = Field(default=8700, ge=1, le=65535)
+    """TCP port of the gateway."""
+    tokens: SecretStr | None = None
+    """Bearer tokens the gateway accepts, comma-separated. Prefer the environment
+    (ROLLSTREAM__INGEST__TOKENS) or `tokens_file` to a TOML file. With neither set the
+    gateway refuses to start."""
+    tokens_file: Path | None = None
+    """A file of bearer tokens, one per line (blank lines and `#` comments ignored); its
+    tokens are accepted as well as those of `tokens`."""
+    max_body_bytes: int = Field(default=4 << 20, ge=1024, le=64 << 20)
+    """Largest request body; bigger ones get 413 before they are parsed."""
+    max_messages: int = Field(default=512, ge=1, le=100_000)
+    """Most chat messages in one trace."""
+    max_tokens: int | None = Field(default=None, ge=2)
+    """Traces longer than this many tokens (prompt + completion) get 422. Unset: no
+    limit here; the learner drops samples longer than its context (ledger: too long)."""
+    task_id: str = Field(default="production", min_length=1, max_length=256)
+    """Task id of traces that name none (identifies the deployment in metrics and audit)."""
+    idempotency_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """How long a client-supplied request id is remembered (a retry within this window is
+    answered from the first request and publishes nothing)."""
+    feedback_window_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """How long a trace without feedback waits for it (in Redis); after that feedback on it
+    gets 404 and the trace is counted as expired unrated."""
+    score_min: float = 0.0
+    """Lowest feedback `score` accepted; it maps to reward 0."""
+    score_max: float = 1.0
+    """Highest feedback `score` accepted; it maps to reward 1."""
+    label_rewards: str = "correct=1,helpful=1,resolved=1,incorrect=0,unhelpful=0,harmful=0"
+    """Reward of each feedback `label`, as `label=reward` pairs, comma-separated (rewards
+    in [0, 1]). Feedback with only an unknown label gets 422."""
+    baseline: float = Field(default=0.5, ge=0, le=1)
+    """Reward of a neutral judgement: advantage = (reward - baseline) / advantage_scale."""
+    advantage_scale: float = Field(default=0.5, gt=0)
+    """Divisor of the advantage (0.5 maps rewards 0..1 to advantages -1..1)."""
+    log_level: str = "info"
+    """Log level of the gateway (uvicorn's access log included)."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus metrics of the gateway on 127.0.0.1:PORT (0: off)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> IngestSettings:
+        if self.score_max <= self.score_min:
+            raise ValueError("ingest.score_max must exceed ingest.score_min")
+        self.label_map()  # raises on a malformed pair
+        return self
+
+    def label_map(self) -> dict[str, float]:
+        """`label_rewards` as a dict (ValueError on a malformed pair)."""
+        out: dict[str, float] = {}
+        for pair in filter(None, (p.strip() for p in self.label_rewards.split(","))):
+            label, sep, value = pair.partition("=")
+            try:
+                reward = float(value)
+            except ValueError:
+                reward = float("nan")
+            if not sep or not label.strip() or not 0.0 <= reward <= 1.0:
+                raise ValueError(f"ingest.label_rewards: {pair!r} is not label=reward in [0, 1]")
+            out[label.strip()] = reward
+        return out
+
+    def token_list(self) -> list[str]:
+        """Every accepted bearer token (from `tokens` and `tokens_file`)."""
+        found = [] if self.tokens is None else self.tokens.get_secret_value().split(",")
+        if self.tokens_file is not None:
+            for line in self.tokens_file.read_text().splitlines():
+                if not line.lstrip().startswith("#"):
+                    found.append(line)
+        return [t.strip() for t in found if t.strip()]
+
+
+class ReplaySettings(Section):
+    """`rollstream replay` and `rollstream export` (services/replay.py, services/export.py)."""
+
+    rate: float = Field(default=0.0, ge=0)
+    """Records per second replay publishes at most (token bucket; 0: no limit)."""
+    burst: int = Field(default=100, ge=1)
+    """Records replay may publish at once before `rate` applies."""
+    batch: int = Field(default=500, ge=1, le=100_000)
+    """Records in flight to Kafka at once (acknowledged before the next batch)."""
+    max_records: int = Field(default=1_000_000, ge=1)
+    """Largest selection one replay may publish (a guard against replaying a whole
+    retention by mistake; raise it on purpose)."""
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest time reading a topic range may take before replay or export gives up."""
+
+
+def _parse_text_fields(data: Any, maps: tuple[str, ...], lists: tuple[str, ...]) -> Any:
+    """Let `--set` and plain environment variables give maps and lists as text: a JSON
+    value, or `a=1,b=2` for a map and `x,y` for a list."""
+    from pydantic_core import from_json
+
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key in (*maps, *lists):
+        value = out.get(key)
+        if not isinstance(value, str):
+            continue
+        text = value.strip()
+        if text[:1] in "{[":
+            out[key] = from_json(text)
+        elif key in maps:
+            pairs = [p.partition("=") for p in text.split(",") if p.strip()]
+            out[key] = {k.strip(): v.strip() for k, _, v in pairs}
+        else:
+            out[key] = [p.strip() for p in text.split(",") if p.strip()]
+    return out
+
+
+class GeneratorSettings(Section):
+    """Rollout generators (`rollstream generator`, services/rollout/, DESIGN.md section 7).
+    The sampling temperature is `learner.temperature`: the learner divides logits by the
+    same number, so behaviour and learner logprobs describe one distribution."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens holding this much probability."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Tokens sampled per assistant turn at most (finish_reason `length` when reached)."""
+    max_turns: int = Field(default=4, ge=1, le=256)
+    """Cap on a task's `max_turns` (multi-turn episodes through the sandbox tier)."""
+    turn_timeout_s: float = Field(default=60.0, gt=0)
+    """Multi-turn: how long a turn waits for its sandbox result before the episode ends
+    there (finish_reason `turn_timeout`)."""
+    observation_chars: int = Field(default=400, ge=0)
+    """Multi-turn: most characters of a sandbox verdict appended as the observation."""
+    pacing: bool = True
+    """Admission control: stay at most (learner.max_lag + 1) x batch trajectories ahead of
+    the learner's published samples_consumed."""
+    batch_samples: int | None = Field(default=None, ge=1)
+    """Trajectories per learner batch, for pacing. Unset: learner.batch_tokens divided by
+    the mean length (prompt + completion tokens) of the trajectories sampled so far."""
+    first_weights_timeout_s: float = Field(default=0.0, ge=0)
+    """How long to wait for the first weights announcement before giving up (0: forever)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """CPU threads torch may use for sampling."""
+    seed: int | None = None
+    """Seed of the sampling RNG. Unset: fresh entropy per process."""
+    generator_id: str | None = None
+    """Name of this generator in trajectories and logs. Unset: host:pid."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+
+
+class FeederSettings(Section):
+    """The task feeder (`rollstream feeder`, services/rollout/feeder.py)."""
+
+    suites: dict[str, float] = Field(default_factory=lambda: {"arith": 0.85, "pyfunc": 0.15})
+    """Sampling weight per suite: built-in suites (services/suites/) and the suites named
+    by tasks in `task_files`. A suite of the task files missing here gets weight 1."""
+    task_files: list[Path] = Field(default_factory=list)
+    """JSONL files of tasks (one Task object per line, see services/rollout/admission.py)."""
+    group_size: int = Field(default=8, ge=1, le=4096)
+    """Completions per task of the built-in suites (task files carry their own)."""
+    max_turns: int = Field(default=1, ge=1, le=256)
+    """Turn budget of the built-in code tasks (1: single completion; >1: multi-turn)."""
+    rate: float = Field(default=0.0, ge=0)
+    """Tasks per second at most (0: no limit; `max_backlog` still applies)."""
+    max_backlog: int = Field(default=16, ge=1)
+    """Tasks published but not yet taken by the generators' consumer group, at most."""
+    max_tasks: int = Field(default=0, ge=0)
+    """Stop after publishing this many tasks (0: run until stopped)."""
+    check_references: bool = True
+    """Admission: a task's reference solution must pass its own verifier (in-process, or
+    through the sandbox tier for sandboxed verifiers) before the task is fed."""
+    reference_timeout_s: float = Field(default=120.0, gt=0)
+    """How long a reference check waits for its sandbox result; then the task is rejected."""
+    adapt: bool = False
+    """Adapt suite weights from observed rewards: suites whose groups all pass or all fail
+    (no learning signal) are sampled less."""
+    adapt_floor: float = Field(default=0.2, gt=0, le=1)
+    """With `adapt`: the smallest multiplier a suite's weight can get."""
+    seed: int = 0
+    """Seed of suite and task sampling."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_forms(cls, data: Any) -> Any:
+        return _parse_text_fields(data, maps=("suites",), lists=("task_files",))
+
+
+DEMO_OVERRIDES: dict[str, str] = {
+    "learner.batch_tokens": "1280",
+    "learner.batch_max_wait_s": "3",
+    "learner.max_seq_len": "256",
+    "learner.checkpoint_every": "10",
+    "generator.max_new_tokens": "48",
+    # A tiny policy penalised for code that does not compile learns to emit short code
+    # that compiles and fails (`def f(x): r`): a reward-hacking optimum with no way out.
+    # The demo scores every failure mode of the model like an honest wrong answer.
+    "rewards.compile_error": "0",
+    "rewards.runtime_error": "0",
+    "rewards.timeout": "0",
+    "rewards.memory_limit": "0",
+    "rewards.output_limit": "0",
+}
+"""The demo's defaults on top of the library defaults (see DemoSettings.overrides)."""
+
+
+class DemoSettings(Section):
+    """`rollstream demo`: the whole pipeline on the local stack (services/demo.py)."""
+
+    budget_minutes: float = Field(default=8.0, gt=0)
+    """How long the pipeline runs (warm-up, evaluation and the report come on top)."""
+    prefix: str | None = None
+    """Topic prefix of the run. Unset: a fresh `demo-YYYYmmdd-HHMMSS`."""
+    report_dir: Path = Path("runs")
+    """Where `{prefix}/` with the report, plot, metrics and service logs is written."""
+    generators: int = Field(default=1, ge=1, le=16)
+    """Generator processes."""
+    sandbox_workers: int = Field(default=1, ge=1, le=16)
+    """Sandbox worker processes (each with `sandbox.pool_size` containers)."""
+    warmup_steps: int = Field(default=150, ge=0)
+    """Supervised steps of the initial policy on the warm-up split of the suites (format
+    and a little skill, like a small pretrained model); 0: a random initial policy."""
+    warmup_lr: float = Field(default=1e-3, gt=0)
+    """Learning rate of the warm-up."""
+    warmup_batch: int = Field(default=64, ge=1)
+    """Examples per warm-up step."""
+    eval_tasks: int = Field(default=200, ge=1)
+    """Held-out tasks per suite evaluated before and after (tasks never fed in training)."""
+    eval_samples: int = Field(default=4, ge=1)
+    """Sampled completions per held-out task for the sampled pass rate (plus one greedy)."""
+    drain_s: float = Field(default=45.0, ge=0)
+    """After the budget: how long in-flight trajectories get to be scored and trained."""
+    overrides: dict[str, str] = Field(default_factory=lambda: dict(DEMO_OVERRIDES))
+    """Settings the demo applies to its services (`section.key` -> value) unless set
+    another way: a learner sized for a 2-core machine."""
+    live: bool = True
+    """Live progress table in the terminal (off: one log line every 15 s)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_forms(cls, data: Any) -> Any:
+        return _parse_text_fields(data, maps=("overrides",), lists=())
+
+
 class StackSettings(Section):
     state_dir: Path = Field(
         default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state") / "rollstream"
@@ -379,6 +622,16 @@ class Settings(BaseSettings):
     """Reward map from sandbox outcomes."""
     learner: LearnerSettings = Field(default_factory=LearnerSettings)
     """Asynchronous off-policy learner."""
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    """Ingest gateway for production traces and feedback."""
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    """Replay and export of topics and log files."""
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    """Rollout generators."""
+    feeder: FeederSettings = Field(default_factory=FeederSettings)
+    """Task feeder."""
+    demo: DemoSettings = Field(default_factory=DemoSettings)
+    """`rollstream demo`."""
     stack: StackSettings = Field(default_factory=StackSettings)
     """Local stack state."""
 
@@ -462,5 +715,12 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
-        return str(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return repr(value)
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    if isinstance(value, list | tuple | set | frozenset):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, SecretStr):
+        return '"**********"  # secret: not shown'
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
