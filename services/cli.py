@@ -211,13 +211,21 @@ def demo(ctx: typer.Context) -> None:
 
 
 def _register_areas() -> None:
-    from services import cli_dispatcher, cli_learner, cli_ops, cli_sandbox, cli_schemas
+    from services import (
+        cli_dispatcher,
+        cli_learner,
+        cli_ops,
+        cli_rollout,
+        cli_sandbox,
+        cli_schemas,
+    )
 
     cli_schemas.register(app)
     cli_sandbox.register(app)
     cli_dispatcher.register(app)
     cli_learner.register(app)
     cli_ops.register(app)
+    cli_rollout.register(app)
 
 
 _register_areas()

@@ -479,6 +479,11 @@ class GeneratorSettings(Section):
     batch_samples: int | None = Field(default=None, ge=1)
     """Trajectories per learner batch, for pacing. Unset: learner.batch_tokens divided by
     the mean length (prompt + completion tokens) of the trajectories sampled so far."""
+    pace_stall_s: float = Field(default=15.0, ge=0)
+    """Liveness of pacing: when the learner's samples_consumed has not moved for this long
+    while a generator waits, one group may start anyway. The learner announces progress
+    only when it trains, so in-flight samples it drops as stale would otherwise hold the
+    generators forever. 0: never (strict bound)."""
     first_weights_timeout_s: float = Field(default=0.0, ge=0)
     """How long to wait for the first weights announcement before giving up (0: forever)."""
     torch_threads: int = Field(default=1, ge=1)
@@ -507,6 +512,11 @@ class FeederSettings(Section):
     """Tasks per second at most (0: no limit; `max_backlog` still applies)."""
     max_backlog: int = Field(default=16, ge=1)
     """Tasks published but not yet taken by the generators' consumer group, at most."""
+    max_sandbox_backlog: int = Field(default=16, ge=0)
+    """While the sandbox tier has more requests than this waiting (published minus the
+    sandbox workers' committed offsets), suites whose verifier runs in the sandbox are not
+    sampled: their samples would only queue and reach the learner too stale to train on.
+    0: no limit."""
     max_tasks: int = Field(default=0, ge=0)
     """Stop after publishing this many tasks (0: run until stopped)."""
     check_references: bool = True
@@ -529,7 +539,11 @@ class FeederSettings(Section):
 
 
 DEMO_OVERRIDES: dict[str, str] = {
-    "learner.batch_tokens": "1280",
+    # Batches of ~150-250 samples: about one policy version every 1-2 s on 2 cores, so a
+    # sample verified in the sandbox (several seconds of transactional hops) arrives within
+    # max_lag versions instead of being dropped as stale.
+    "learner.batch_tokens": "2560",
+    "learner.max_lag": "8",
     "learner.batch_max_wait_s": "3",
     "learner.max_seq_len": "256",
     "learner.checkpoint_every": "10",

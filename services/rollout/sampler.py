@@ -1,0 +1,102 @@
+"""Which task comes next: suites sampled by weight, tasks cycled in a shuffled order; and
+the optional adaptation of suite weights from observed group outcomes. Pure."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from schemas.rollout import Task
+
+
+class SuiteSampler:
+    """Pick a suite with probability proportional to weight x multiplier (among suites with
+    admitted tasks), then the suite's next task: every task once per epoch, reshuffled each
+    epoch. Deterministic for a seed and an order of `add` calls."""
+
+    def __init__(self, weights: dict[str, float], seed: int = 0, default_weight: float = 1.0):
+        bad = {k: w for k, w in weights.items() if w < 0}
+        if bad:
+            raise ValueError(f"suite weights must be >= 0: {bad}")
+        self.weights = dict(weights)
+        self.default_weight = default_weight
+        self.multipliers: dict[str, float] = {}
+        self.paused: set[str] = set()
+        """Suites not sampled for now (flow control), whatever their weight."""
+        self._rng = random.Random(seed)
+        self._pools: dict[str, list[Task]] = {}
+        self._order: dict[str, deque[Task]] = {}
+
+    def add(self, task: Task) -> None:
+        """Admit a task: it joins its suite's pool from the suite's next epoch on."""
+        self._pools.setdefault(task.suite, []).append(task)
+        self._order.setdefault(task.suite, deque())
+
+    def add_all(self, tasks: Iterable[Task]) -> None:
+        for t in tasks:
+            self.add(t)
+
+    def weight(self, suite: str) -> float:
+        base = self.weights.get(suite, self.default_weight)
+        return base * self.multipliers.get(suite, 1.0)
+
+    def active(self) -> dict[str, float]:
+        """Suites that can be sampled now, with their effective weights."""
+        return {
+            s: self.weight(s)
+            for s, pool in self._pools.items()
+            if pool and self.weight(s) and s not in self.paused
+        }
+
+    def next(self) -> Task | None:
+        """The next task, or None while no suite with a positive weight has a task."""
+        active = self.active()
+        if not active:
+            return None
+        names = sorted(active)
+        suite = self._rng.choices(names, weights=[active[n] for n in names])[0]
+        order = self._order[suite]
+        if not order:
+            epoch = list(self._pools[suite])
+            self._rng.shuffle(epoch)
+            order.extend(epoch)
+        return order.popleft()
+
+    def size(self, suite: str) -> int:
+        return len(self._pools.get(suite, ()))
+
+
+@dataclass
+class GroupTally:
+    """Rewards of the groups being scored, until each group is complete."""
+
+    open: dict[str, tuple[str, int, list[float]]] = field(default_factory=dict)
+    """group_id -> (suite, group size, rewards so far)."""
+    max_open: int = 10_000
+
+    def add(self, group_id: str, suite: str, group_size: int, reward: float) -> bool | None:
+        """Record one reward; when the group is complete, return whether it was informative
+        (its rewards differ, so its advantages are not all zero), else None."""
+        entry = self.open.setdefault(group_id, (suite, group_size, []))
+        entry[2].append(reward)
+        if len(entry[2]) < entry[1]:
+            if len(self.open) > self.max_open:  # groups that never complete (masked members)
+                self.open.pop(next(iter(self.open)))
+            return None
+        del self.open[group_id]
+        return max(entry[2]) - min(entry[2]) > 1e-9
+
+
+def adapt_multipliers(
+    history: dict[str, deque[bool]], floor: float, prior: float = 1.0
+) -> dict[str, float]:
+    """Weight multiplier per suite: the share of its recent groups that were informative
+    (smoothed by `prior` pseudo-counts on each side), never below `floor`. Suites whose
+    groups all pass or all fail teach nothing and are sampled less."""
+    out = {}
+    for suite, outcomes in history.items():
+        share = (sum(outcomes) + prior) / (len(outcomes) + 2 * prior)
+        out[suite] = max(floor, min(1.0, share))
+    return out

@@ -1,0 +1,69 @@
+"""Text <-> token ids for the policy a generator samples from.
+
+The built-in tiny policy uses its byte tokenizer (BOS before the prompt, EOS ends a
+turn). A Hugging Face policy uses the tokenizer saved next to the model; chat-message
+prompts go through its chat template when it has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from schemas.rollout import Task
+from services.rollout.admission import prompt_text
+
+
+class TextCodec(Protocol):
+    def prompt_ids(self, task: Task) -> list[int]:
+        """Token ids of the task's prompt, ready for sampling."""
+        ...
+
+    def ids(self, text: str) -> list[int]:
+        """Token ids of text inserted mid-episode (an observation)."""
+        ...
+
+    def text(self, ids: Sequence[int]) -> str:
+        """Text of sampled ids, special tokens dropped."""
+        ...
+
+
+class ByteCodec:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        return list(self.tok.encode(prompt_text(task), bos=True))
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, bos=False))
+
+    def text(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(ids))
+
+
+class HFCodec:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        if task.messages and getattr(self.tok, "chat_template", None):
+            chat = [{"role": m.role, "content": m.content or ""} for m in task.messages]
+            return list(self.tok.apply_chat_template(chat, add_generation_prompt=True))
+        return list(self.tok(prompt_text(task))["input_ids"])
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def text(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=True))
+
+
+def for_policy(policy: Any) -> TextCodec:
+    """The codec of a policy (TinyPolicy or HFPolicy)."""
+    tok = getattr(policy, "tokenizer", None)
+    if tok is None:
+        raise ValueError("the policy has no tokenizer (save one next to the HF model)")
+    if hasattr(tok, "bos_id") and hasattr(tok, "eos_id"):
+        return ByteCodec(tok)
+    return HFCodec(tok)
