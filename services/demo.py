@@ -233,8 +233,8 @@ class Demo:
         self._service("learner", "services.cli", "learner", "--log-level", "warning")
         for i in range(self.cfg.generators):
             gid = f"gen-{i}"
-            self._service(gid, "services.cli_rollout", "generator", "--generator-id", gid)
-        self._service("feeder", "services.cli_rollout", "feeder")
+            self._service(gid, "services.cli", "generator", "--generator-id", gid)
+        self._service("feeder", "services.cli", "feeder")
         self.started = time.monotonic()
         self.stats.t0 = time.time()
         assert self.procs is not None
