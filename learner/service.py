@@ -32,8 +32,9 @@ from learner.weights import WeightStore, open_store
 from schemas import topics
 
 if TYPE_CHECKING:
+    from learner.config import LearnerSettings
     from schemas.claimcheck import ClaimCheck
-    from services.settings import LearnerSettings, Settings
+    from services.settings import Settings
 
 log = logging.getLogger(__name__)
 

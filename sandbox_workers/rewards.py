@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from schemas.sandbox import Outcome
 
 if TYPE_CHECKING:
-    from services.settings import RewardsSettings
+    from sandbox_workers.config import RewardsSettings
 
 PENALIZED = (
     Outcome.COMPILE_ERROR,

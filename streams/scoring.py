@@ -18,7 +18,8 @@ from schemas.sandbox import Outcome, SandboxResult
 from streams.groups import Score, ScoreInline, ScoreResult
 
 if TYPE_CHECKING:
-    from services.settings import RewardsSettings, Settings
+    from sandbox_workers.config import RewardsSettings
+    from services.settings import Settings
 
 
 def to_score(

@@ -1,0 +1,106 @@
+"""Settings section owned by the learner: `[learner]`. The one place its defaults and docs
+live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class LearnerSettings(Section):
+    """The asynchronous off-policy learner (learner/, DESIGN.md section 6)."""
+
+    policy: str = Field(default="default", min_length=1)
+    """Policy name: the key of its announcements on `weights` and of its blobs."""
+    model: str = "tiny"
+    """`tiny` (the built-in byte-level transformer) or a local Hugging Face causal-LM dir."""
+    tiny_dim: int = Field(default=128, ge=8)
+    """Width of the tiny transformer."""
+    tiny_layers: int = Field(default=2, ge=1)
+    """Blocks of the tiny transformer."""
+    tiny_heads: int = Field(default=4, ge=1)
+    """Attention heads of the tiny transformer (must divide tiny_dim)."""
+    max_seq_len: int = Field(default=512, ge=8)
+    """Longest prompt + completion of the tiny transformer; longer samples are dropped."""
+    hf_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Parameter dtype of a Hugging Face model. Unset: as saved."""
+    seed: int = 0
+    """Seed of the initial weights and every RNG of the learner."""
+    device: str = "auto"
+    """Torch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:1` ..."""
+    amp: bool = True
+    """bf16 autocast on devices that support it (the loss stays float32)."""
+    lr: float = Field(default=3e-4, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Gradient norm clip."""
+    batch_tokens: int = Field(default=16384, ge=1)
+    """Sequence tokens (prompt + completion) per learner update."""
+    micro_batch_tokens: int = Field(default=8192, ge=1)
+    """Padded tokens per forward/backward pass; gradients accumulate over a batch."""
+    batch_max_wait_s: float = Field(default=5.0, gt=0)
+    """A batch not full this long after its first sample is trained on as it is."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per batch; above 1 the PPO clip against the proximal policy bites."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the generators; the learner divides logits by it too."""
+    max_lag: int = Field(default=4, ge=0)
+    """Samples more than this many policy versions old are dropped (ledger: stale)."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """PPO clip range of the ratio to the proximal policy."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip range (clip-higher). Unset: clip_eps."""
+    is_cap: float = Field(default=2.0, ge=1)
+    """Truncation cap of the importance weight pi_prox / mu."""
+    seq_mask_low: float = Field(default=0.5, gt=0, le=1)
+    """Sequences whose geometric-mean importance weight is below this are masked."""
+    seq_mask_high: float = Field(default=2.0, ge=1)
+    """Sequences whose geometric-mean importance weight is above this are masked."""
+    token_mask_low: float = Field(default=1e-3, gt=0, le=1)
+    """Sequences with a token importance weight below this are masked."""
+    token_mask_high: float = Field(default=1e3, ge=1)
+    """Sequences with a token importance weight above this are masked."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of KL(pi || initial policy); 0 keeps no reference model."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus."""
+    rwl_coef: float = Field(default=1.0, ge=0)
+    """Weight of the reward-weighted likelihood term (traces without behaviour logprobs)."""
+    rwl_beta: float = Field(default=1.0, gt=0)
+    """Temperature of that term's weights exp(advantage / beta)."""
+    rwl_max_weight: float = Field(default=20.0, gt=0)
+    """Upper bound of that term's weights."""
+    publish_every: int = Field(default=1, ge=1)
+    """Publish weights (store + announcement on `weights`) every this many steps."""
+    weight_store: Literal["redis", "dir"] = "redis"
+    """Where published weights go: `redis` (chunked; small models) or `dir` (large ones)."""
+    weight_dir: Path | None = None
+    """Root of the `dir` weight store (a shared mount for several hosts). Unset:
+    `weights` under the stack's state_dir."""
+    weight_keep: int = Field(default=3, ge=1)
+    """Published versions kept per policy in the weight store."""
+    redis_chunk_bytes: int = Field(default=8 << 20, ge=1 << 16, le=256 << 20)
+    """Chunk size of the Redis weight store."""
+    checkpoint_dir: Path | None = None
+    """Root of the checkpoints (`{dir}/{prefix}/{policy}`). Unset: `learner` under the
+    stack's state_dir."""
+    checkpoint_every: int = Field(default=20, ge=1)
+    """Checkpoint every this many steps; ledger entries and offset commits follow each."""
+    checkpoint_keep: int = Field(default=3, ge=1)
+    """Checkpoints kept."""
+    dedup_window: int = Field(default=100_000, ge=1)
+    """Trajectory ids remembered (in checkpoints) to skip redelivered rewards."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars when the tensorboard package is installed."""
+    tensorboard_dir: Path | None = None
+    """Where. Unset: `tensorboard/{prefix}` under the stack's state_dir."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""

@@ -1,0 +1,212 @@
+"""Settings sections owned by services/: the local stack (kafka, redis, docker, stack),
+topics, the claim-check blob store, replay and the demo. services/settings.py composes
+these with the sections the lower packages own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    base = os.environ.get(var)
+    return Path(base) if base else Path.home() / fallback
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class KafkaSettings(Section):
+    bootstrap: str | None = None
+    """Bootstrap servers of an existing cluster. Unset: rollstream runs a local broker."""
+    version: str = "4.4.0"
+    """Apache Kafka version fetched from Maven Central for the local broker (pinned)."""
+    port: int = 9092
+    """Client port of the local broker (bound to 127.0.0.1 only)."""
+    controller_port: int = 9093
+    """KRaft controller port of the local broker (bound to 127.0.0.1 only)."""
+    heap: str = "768m"
+    """JVM max heap of the local broker."""
+    start_timeout_s: float = 90.0
+    """How long `rollstream up` waits for the local broker to answer."""
+
+    @property
+    def managed(self) -> bool:
+        """True when rollstream runs the broker itself (no bootstrap configured)."""
+        return self.bootstrap is None
+
+    @property
+    def endpoint(self) -> str:
+        return self.bootstrap or f"127.0.0.1:{self.port}"
+
+
+class RedisSettings(Section):
+    url: str | None = None
+    """URL of an existing Redis. Unset: rollstream uses or starts one on 127.0.0.1."""
+    port: int = 6379
+    """Port of the local Redis (bound to 127.0.0.1 only)."""
+
+    @property
+    def managed(self) -> bool:
+        return self.url is None
+
+    @property
+    def endpoint(self) -> str:
+        return self.url or f"redis://127.0.0.1:{self.port}/0"
+
+
+class DockerSettings(Section):
+    host: str | None = None
+    """Docker engine address (like DOCKER_HOST). Unset: use the local engine, start it if
+    needed."""
+    socket: str = "/var/run/docker.sock"
+    """Socket of the local engine that rollstream uses or starts."""
+    install: bool = True
+    """Install Debian's docker.io with apt-get when no dockerd binary exists (needs root)."""
+    start_timeout_s: float = 60.0
+    """How long `rollstream up` waits for a dockerd it started."""
+
+    @property
+    def managed(self) -> bool:
+        return self.host is None
+
+    @property
+    def endpoint(self) -> str:
+        return self.host or f"unix://{self.socket}"
+
+
+class TopicsSettings(Section):
+    prefix: str = "rollstream"
+    """Topic prefix of this run: every topic is `{prefix}.{name}`."""
+    partitions: int = Field(default=4, ge=1, le=256)
+    """Partitions of the group-keyed topics (trajectories, sandbox.results, rewards)."""
+
+
+class BlobsSettings(Section):
+    """Claim check: where payloads over the inline limit go (DESIGN.md section 2)."""
+
+    inline_limit_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Encoded messages larger than this travel as a blob reference."""
+    backend: Literal["redis", "dir"] = "redis"
+    """Blob store: `redis` (the run's Redis, with TTL) or `dir` (files under `dir`)."""
+    dir: Path | None = None
+    """Directory of the `dir` backend (a shared mount when services run on several hosts).
+    Unset: `blobs` under the stack's state_dir."""
+    ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """How long a blob is kept. Keep it at least as long as the retention of the topics
+    whose records refer to blobs (7 days for trajectories and rewards), or replays of old
+    offsets find their blobs gone (they are dead-lettered, not lost silently)."""
+    redis_prefix: str = "rollstream:blob:"
+    """Key prefix of blobs in Redis."""
+
+
+class ReplaySettings(Section):
+    """`rollstream replay` and `rollstream export` (services/replay.py, services/export.py)."""
+
+    rate: float = Field(default=0.0, ge=0)
+    """Records per second replay publishes at most (token bucket; 0: no limit)."""
+    burst: int = Field(default=100, ge=1)
+    """Records replay may publish at once before `rate` applies."""
+    batch: int = Field(default=500, ge=1, le=100_000)
+    """Records in flight to Kafka at once (acknowledged before the next batch)."""
+    max_records: int = Field(default=1_000_000, ge=1)
+    """Largest selection one replay may publish (a guard against replaying a whole
+    retention by mistake; raise it on purpose)."""
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest time reading a topic range may take before replay or export gives up."""
+
+
+def _parse_text_fields(data: Any, maps: tuple[str, ...], lists: tuple[str, ...]) -> Any:
+    """Let `--set` and plain environment variables give maps and lists as text: a JSON
+    value, or `a=1,b=2` for a map and `x,y` for a list."""
+    from pydantic_core import from_json
+
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key in (*maps, *lists):
+        value = out.get(key)
+        if not isinstance(value, str):
+            continue
+        text = value.strip()
+        if text[:1] in "{[":
+            out[key] = from_json(text)
+        elif key in maps:
+            pairs = [p.partition("=") for p in text.split(",") if p.strip()]
+            out[key] = {k.strip(): v.strip() for k, _, v in pairs}
+        else:
+            out[key] = [p.strip() for p in text.split(",") if p.strip()]
+    return out
+
+
+DEMO_OVERRIDES: dict[str, str] = {
+    # Batches of ~150-250 samples: about one policy version every 1-2 s on 2 cores, so a
+    # sample verified in the sandbox (several seconds of transactional hops) arrives within
+    # max_lag versions instead of being dropped as stale.
+    "learner.batch_tokens": "2560",
+    "learner.max_lag": "8",
+    "learner.batch_max_wait_s": "3",
+    "learner.max_seq_len": "256",
+    "learner.checkpoint_every": "10",
+    "generator.max_new_tokens": "48",
+    # A tiny policy penalised for code that does not compile learns to emit short code
+    # that compiles and fails (`def f(x): r`): a reward-hacking optimum with no way out.
+    # The demo scores every failure mode of the model like an honest wrong answer.
+    "rewards.compile_error": "0",
+    "rewards.runtime_error": "0",
+    "rewards.timeout": "0",
+    "rewards.memory_limit": "0",
+    "rewards.output_limit": "0",
+}
+"""The demo's defaults on top of the library defaults (see DemoSettings.overrides)."""
+
+
+class DemoSettings(Section):
+    """`rollstream demo`: the whole pipeline on the local stack (services/demo.py)."""
+
+    budget_minutes: float = Field(default=8.0, gt=0)
+    """How long the pipeline runs (warm-up, evaluation and the report come on top)."""
+    prefix: str | None = None
+    """Topic prefix of the run. Unset: a fresh `demo-YYYYmmdd-HHMMSS`."""
+    report_dir: Path = Path("runs")
+    """Where `{prefix}/` with the report, plot, metrics and service logs is written."""
+    generators: int = Field(default=1, ge=1, le=16)
+    """Generator processes."""
+    sandbox_workers: int = Field(default=1, ge=1, le=16)
+    """Sandbox worker processes (each with `sandbox.pool_size` containers)."""
+    warmup_steps: int = Field(default=150, ge=0)
+    """Supervised steps of the initial policy on the warm-up split of the suites (format
+    and a little skill, like a small pretrained model); 0: a random initial policy."""
+    warmup_lr: float = Field(default=1e-3, gt=0)
+    """Learning rate of the warm-up."""
+    warmup_batch: int = Field(default=64, ge=1)
+    """Examples per warm-up step."""
+    eval_tasks: int = Field(default=200, ge=1)
+    """Held-out tasks per suite evaluated before and after (tasks never fed in training)."""
+    eval_samples: int = Field(default=4, ge=1)
+    """Sampled completions per held-out task for the sampled pass rate (plus one greedy)."""
+    drain_s: float = Field(default=45.0, ge=0)
+    """After the budget: how long in-flight trajectories get to be scored and trained."""
+    overrides: dict[str, str] = Field(default_factory=lambda: dict(DEMO_OVERRIDES))
+    """Settings the demo applies to its services (`section.key` -> value) unless set
+    another way: a learner sized for a 2-core machine."""
+    live: bool = True
+    """Live progress table in the terminal (off: one log line every 15 s)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_forms(cls, data: Any) -> Any:
+        return _parse_text_fields(data, maps=("overrides",), lists=())
+
+
+class StackSettings(Section):
+    state_dir: Path = Field(
+        default_factory=lambda: _xdg("XDG_STATE_HOME", ".local/state") / "rollstream"
+    )
+    """Where the local stack keeps data, logs and pid files."""
+    cache_dir: Path = Field(default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache") / "rollstream")
+    """Where downloads (Kafka jars, image build trees) are cached."""

@@ -1,0 +1,91 @@
+"""Settings sections owned by the rollout services: `[generator]` and `[feeder]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from services.config import Section, _parse_text_fields
+
+
+class GeneratorSettings(Section):
+    """Rollout generators (`rollstream generator`, services/rollout/, DESIGN.md section 7).
+    The sampling temperature is `learner.temperature`: the learner divides logits by the
+    same number, so behaviour and learner logprobs describe one distribution."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens holding this much probability."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Tokens sampled per assistant turn at most (finish_reason `length` when reached)."""
+    max_turns: int = Field(default=4, ge=1, le=256)
+    """Cap on a task's `max_turns` (multi-turn episodes through the sandbox tier)."""
+    turn_timeout_s: float = Field(default=60.0, gt=0)
+    """Multi-turn: how long a turn waits for its sandbox result before the episode ends
+    there (finish_reason `turn_timeout`)."""
+    observation_chars: int = Field(default=400, ge=0)
+    """Multi-turn: most characters of a sandbox verdict appended as the observation."""
+    pacing: bool = True
+    """Admission control: stay at most (learner.max_lag + 1) x batch trajectories ahead of
+    the learner's published samples_consumed."""
+    batch_samples: int | None = Field(default=None, ge=1)
+    """Trajectories per learner batch, for pacing. Unset: learner.batch_tokens divided by
+    the mean length (prompt + completion tokens) of the trajectories sampled so far."""
+    pace_stall_s: float = Field(default=15.0, ge=0)
+    """Liveness of pacing: when the learner's samples_consumed has not moved for this long
+    while a generator waits, one group may start anyway. The learner announces progress
+    only when it trains, so in-flight samples it drops as stale would otherwise hold the
+    generators forever. 0: never (strict bound)."""
+    first_weights_timeout_s: float = Field(default=0.0, ge=0)
+    """How long to wait for the first weights announcement before giving up (0: forever)."""
+    torch_threads: int = Field(default=1, ge=1)
+    """CPU threads torch may use for sampling."""
+    seed: int | None = None
+    """Seed of the sampling RNG. Unset: fresh entropy per process."""
+    generator_id: str | None = None
+    """Name of this generator in trajectories and logs. Unset: host:pid."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+
+
+class FeederSettings(Section):
+    """The task feeder (`rollstream feeder`, services/rollout/feeder.py)."""
+
+    suites: dict[str, float] = Field(default_factory=lambda: {"arith": 0.85, "pyfunc": 0.15})
+    """Sampling weight per suite: built-in suites (services/suites/) and the suites named
+    by tasks in `task_files`. A suite of the task files missing here gets weight 1."""
+    task_files: list[Path] = Field(default_factory=list)
+    """JSONL files of tasks (one Task object per line, see services/rollout/admission.py)."""
+    group_size: int = Field(default=8, ge=1, le=4096)
+    """Completions per task of the built-in suites (task files carry their own)."""
+    max_turns: int = Field(default=1, ge=1, le=256)
+    """Turn budget of the built-in code tasks (1: single completion; >1: multi-turn)."""
+    rate: float = Field(default=0.0, ge=0)
+    """Tasks per second at most (0: no limit; `max_backlog` still applies)."""
+    max_backlog: int = Field(default=16, ge=1)
+    """Tasks published but not yet taken by the generators' consumer group, at most."""
+    max_sandbox_backlog: int = Field(default=16, ge=0)
+    """While the sandbox tier has more requests than this waiting (published minus the
+    sandbox workers' committed offsets), suites whose verifier runs in the sandbox are not
+    sampled: their samples would only queue and reach the learner too stale to train on.
+    0: no limit."""
+    max_tasks: int = Field(default=0, ge=0)
+    """Stop after publishing this many tasks (0: run until stopped)."""
+    check_references: bool = True
+    """Admission: a task's reference solution must pass its own verifier (in-process, or
+    through the sandbox tier for sandboxed verifiers) before the task is fed."""
+    reference_timeout_s: float = Field(default=120.0, gt=0)
+    """How long a reference check waits for its sandbox result; then the task is rejected."""
+    adapt: bool = False
+    """Adapt suite weights from observed rewards: suites whose groups all pass or all fail
+    (no learning signal) are sampled less."""
+    adapt_floor: float = Field(default=0.2, gt=0, le=1)
+    """With `adapt`: the smallest multiplier a suite's weight can get."""
+    seed: int = 0
+    """Seed of suite and task sampling."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_forms(cls, data: Any) -> Any:
+        return _parse_text_fields(data, maps=("suites",), lists=("task_files",))

@@ -1,0 +1,35 @@
+"""Settings section owned by the reward dispatcher: `[dispatcher]`. The one place its
+defaults and docs live."""
+
+from __future__ import annotations
+
+from typing import Literal  # noqa: F401
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class DispatcherSettings(Section):
+    """The reward dispatcher (faust app, streams/)."""
+
+    request_deadline_s: float = Field(default=120.0, gt=0)
+    """A sandbox result missing this long after its request is retried (then masked)."""
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    """Attempts per sandbox request (sandbox_error or missing result) before masking."""
+    group_deadline_s: float = Field(default=600.0, gt=0)
+    """A group still incomplete this long after its first member is emitted partially."""
+    tombstone_ttl_s: float = Field(default=3600.0, ge=0)
+    """How long an emitted group's member ids are kept to reject redeliveries."""
+    tick_interval_s: float = Field(default=1.0, gt=0)
+    """How often deadlines are checked."""
+    sandbox_timeout_s: float = Field(default=10.0, gt=0)
+    """Wall-clock limit of each sandbox job the dispatcher requests."""
+    sandbox_memory_mb: int = Field(default=256, ge=16)
+    """Memory limit of each sandbox job the dispatcher requests."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+    log_level: str = "warning"
+    """Log level of the faust worker."""
