@@ -37,6 +37,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m tests.architecture
 
 fmt: venv
 	$(BIN)/ruff check --fix .

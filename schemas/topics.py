@@ -131,3 +131,41 @@ def key_for(spec: TopicSpec, msg: object) -> bytes | None:
 
 
 _MISSING: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroup:
+    """One consumer group of the pipeline; its full id is ``{prefix}.{name}`` (a policy's
+    learner adds ``.{policy}``). Declared here, beside the topics it consumes."""
+
+    name: str
+    """Name after the run prefix, for example ``sandbox-workers``."""
+    consumes: tuple[TopicSpec, ...]
+    """The topics its members subscribe to."""
+    per_policy: bool = False
+    """One group per policy name (the learner): ``{prefix}.{name}.{policy}``."""
+
+    def full_id(self, prefix: str, policy: str | None = None) -> str:
+        if self.per_policy:
+            if not policy:
+                raise ValueError(f"consumer group {self.name} is per policy: name the policy")
+            return f"{prefix}.{self.name}.{policy}"
+        return f"{prefix}.{self.name}"
+
+    def matches(self, prefix: str, group_id: str) -> bool:
+        """Whether `group_id` is this group (any policy's, for a per-policy group)."""
+        base = f"{prefix}.{self.name}"
+        return group_id == base or (self.per_policy and group_id.startswith(base + "."))
+
+
+GENERATORS: Final = ConsumerGroup("generators", consumes=(TASKS,))
+"""Rollout generators share the tasks."""
+SANDBOX_WORKERS: Final = ConsumerGroup("sandbox-workers", consumes=(SANDBOX_REQUESTS,))
+"""Sandbox workers share the requests (transactional, read_committed)."""
+DISPATCHER: Final = ConsumerGroup(
+    "dispatcher", consumes=(TRAJECTORIES, SANDBOX_RESULTS)
+)  # fmt: skip
+"""The reward dispatcher's faust app id (faust names its group after the app)."""
+LEARNER: Final = ConsumerGroup("learner", consumes=(REWARDS,), per_policy=True)
+"""One learner group per policy."""
+GROUPS: Final[tuple[ConsumerGroup, ...]] = (GENERATORS, SANDBOX_WORKERS, DISPATCHER, LEARNER)

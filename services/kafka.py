@@ -1,0 +1,249 @@
+"""The one Kafka adapter of rollstream (DESIGN.md section 10).
+
+Everything that talks to Kafka through aiokafka is built here, from the settings: the
+idempotent producer (acks=all), the transactional producer, consumers (group or group-less,
+read_committed, manual commits), the admin client; topic names and consumer group ids from
+the registry in schemas/topics.py; partitions through the public admin API; the one
+`Record` type; the one dead-letter sender. Lower packages never import this module: they
+declare small Protocols (the learner's LearnerIO, the sandbox worker's WorkerIO ...) and
+services/ passes them these clients.
+
+aiokafka is imported inside the functions so that `rollstream --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from schemas import topics
+from schemas.deadletter import publish_dead_letter
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from services.settings import Settings
+
+MAX_REQUEST_BYTES = 8 << 20
+"""Largest record a producer sends (bigger payloads travel by claim check)."""
+FETCH_PARTITION_BYTES = 16 << 20
+FETCH_BYTES = 64 << 20
+
+
+def _quiet(level: int = logging.WARNING) -> None:
+    logging.getLogger("aiokafka").setLevel(level)
+
+
+def topic(settings: Settings, spec: topics.TopicSpec, prefix: str | None = None) -> str:
+    """Full name of a registry topic for the run's (or the given) prefix."""
+    return spec.full_name(settings.topics.prefix if prefix is None else prefix)
+
+
+def group(
+    settings: Settings,
+    g: topics.ConsumerGroup,
+    policy: str | None = None,
+    prefix: str | None = None,
+) -> str:
+    """Full id of a registry consumer group (per policy for the learner)."""
+    return g.full_id(settings.topics.prefix if prefix is None else prefix, policy)
+
+
+def producer(
+    settings: Settings,
+    client_id: str,
+    *,
+    transactional_id: str | None = None,
+    **extra: Any,
+) -> AIOKafkaProducer:
+    """An idempotent producer with acks=all (DESIGN.md section 3); transactional when
+    `transactional_id` is given. Not started."""
+    from aiokafka import AIOKafkaProducer
+
+    _quiet()
+    options: dict[str, Any] = {
+        "client_id": client_id,
+        "acks": "all",
+        "enable_idempotence": True,
+        "linger_ms": 5,
+        "max_request_size": MAX_REQUEST_BYTES,
+    }
+    if transactional_id is not None:
+        options["transactional_id"] = transactional_id
+    options.update(extra)
+    return AIOKafkaProducer(bootstrap_servers=settings.kafka.endpoint, **options)
+
+
+def consumer(
+    settings: Settings,
+    client_id: str,
+    *topic_names: str,
+    group_id: str | None = None,
+    offset_reset: Literal["earliest", "latest"] = "earliest",
+    **extra: Any,
+) -> AIOKafkaConsumer:
+    """A read_committed consumer that never commits by itself. With `group_id` it joins that
+    group (and subscribes to `topic_names`, if given); without, partitions are assigned by
+    hand (`assign_all`). Not started."""
+    from aiokafka import AIOKafkaConsumer
+
+    _quiet()
+    options: dict[str, Any] = {
+        "client_id": client_id,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "isolation_level": "read_committed",
+        "auto_offset_reset": offset_reset,
+        "max_partition_fetch_bytes": FETCH_PARTITION_BYTES,
+        "fetch_max_bytes": FETCH_BYTES,
+    }
+    options.update(extra)
+    return AIOKafkaConsumer(*topic_names, bootstrap_servers=settings.kafka.endpoint, **options)
+
+
+def admin(settings: Settings, request_timeout_ms: int = 15000) -> AIOKafkaAdminClient:
+    """An admin client (not started)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    _quiet(logging.CRITICAL)
+    return AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka.endpoint, request_timeout_ms=request_timeout_ms
+    )
+
+
+async def partitions(settings: Settings, name: str, timeout_s: float = 15.0) -> list[int]:
+    """Partition ids of topic `name`, through the admin API's metadata (retried until the
+    topic exists or `timeout_s` passes: a topic just created takes a moment to appear)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    client = admin(settings)
+    await client.start()
+    try:
+        while True:
+            found = await client.describe_topics([name])
+            parts = sorted(
+                int(p["partition"])
+                for t in found
+                if t.get("topic") == name and not t.get("error_code")
+                for p in t.get("partitions", ())
+            )
+            if parts:
+                return parts
+            if loop.time() > deadline:
+                raise RuntimeError(f"topic {name} has no partitions (does it exist?)")
+            await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+
+async def topic_partitions(settings: Settings, names: list[str]) -> list[TopicPartition]:
+    """Every partition of the topics, as TopicPartitions."""
+    from aiokafka import TopicPartition
+
+    return [TopicPartition(n, p) for n in names for p in await partitions(settings, n)]
+
+
+async def assign_all(
+    settings: Settings,
+    client: AIOKafkaConsumer,
+    names: list[str],
+    at: Literal["beginning", "end"] = "beginning",
+) -> list[TopicPartition]:
+    """Assign every partition of the topics to a group-less consumer, positioned at their
+    beginning or end (resolved now, before anything else is sent)."""
+    tps = await topic_partitions(settings, names)
+    client.assign(tps)
+    if at == "end":
+        await client.seek_to_end(*tps)
+        for tp in tps:
+            await client.position(tp)
+    else:
+        await client.seek_to_beginning(*tps)
+    return tps
+
+
+async def record_count(settings: Settings, client: AIOKafkaConsumer, name: str) -> int:
+    """Records ever written to a topic (the sum of its partitions' end offsets). Exact for
+    topics written without transactions (trajectories, tasks)."""
+    tps = await topic_partitions(settings, [name])
+    ends = await client.end_offsets(tps)
+    return int(sum(ends.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record as read: the only record type the services pass around."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+    @classmethod
+    def of(cls, msg: Any) -> Record:
+        """From an aiokafka ConsumerRecord (or anything with the same attributes)."""
+        return cls(
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            timestamp_ms=int(getattr(msg, "timestamp", 0) or 0),
+            key=msg.key,
+            value=msg.value,
+        )
+
+
+class DeadLetters:
+    """The dead-letter sender of one consumer: count, publish to `{p}.dlq` and wait for the
+    broker's ack before returning, so the caller may move its offset (DESIGN.md section 2)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        producer: Any,
+        consumer: str,
+        on_send: Callable[[], object] | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        self.topic = topic(settings, topics.DLQ, prefix)
+        self.producer = producer
+        self.consumer = consumer
+        """Who dead-letters (recorded in the letter)."""
+        self.on_send = on_send
+        """Called per dead letter (a metrics counter)."""
+        self.count = 0
+
+    async def send(
+        self, record: Any, reason: str, error: BaseException | None = None, *, source: str = ""
+    ) -> None:
+        """Dead-letter a Kafka record (anything with topic, partition, offset, key, value),
+        or, with `source` (a file name), a line of that file: record is then (number, text)."""
+        self.count += 1
+        if self.on_send is not None:
+            self.on_send()
+        if source:
+            number, text = record
+            where = {"source_topic": source, "partition": 0, "offset": int(number)}
+            key, value = None, text.encode() if isinstance(text, str) else bytes(text)
+        else:
+            where = {
+                "source_topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+            }
+            key, value = record.key, record.value
+        await publish_dead_letter(
+            self.producer,
+            self.topic,
+            reason=reason,
+            key=key,
+            value=value,
+            consumer=self.consumer,
+            error=error,
+            **where,
+        )
