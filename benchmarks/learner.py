@@ -32,13 +32,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from learner.sample import Sample, from_scored
-from learner.service import make_policy, run_service, train_config
+from learner.spec import make_policy
 from learner.synthetic import random_groups
 from learner.tiny import TinyConfig, TinyPolicy
-from learner.trainer import Trainer, pick_device
+from learner.trainer import Trainer, pick_device, train_config
 from learner.weights import DirWeightStore, RedisWeightStore, WeightStore
 from schemas import codec, topics
 from schemas.messages import WeightUpdate
+from services.learner_service import run_service
 from services.settings import Settings, load
 
 PROMPT, COMPLETION = 64, 192
@@ -126,15 +127,13 @@ class Announcer:
     async def __aenter__(self) -> Announcer:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-        from learner.kafka_io import partitions_of
-
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka.endpoint, acks="all")
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka.endpoint)
         await self.producer.start()
         await self.consumer.start()
-        tps = [
-            TopicPartition(self.topic, p) for p in await partitions_of(self.consumer, self.topic)
-        ]
+        from services.kafka import partitions
+
+        tps = [TopicPartition(self.topic, p) for p in await partitions(self.settings, self.topic)]
         self.consumer.assign(tps)
         await self.consumer.seek_to_end(*tps)
         return self

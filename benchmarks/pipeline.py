@@ -86,8 +86,8 @@ def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path) -> Se
 async def sync_run(s: Settings, state: dict[str, Any], tasks: list[Task], minutes: float) -> dict:
     import torch
 
-    from learner.service import make_policy, train_config
-    from learner.trainer import Trainer
+    from learner.spec import make_policy
+    from learner.trainer import Trainer, train_config
     from sandbox_workers.sandbox import docker_sandbox
     from services.rollout import evaluate
     from services.rollout.sampler import SuiteSampler
@@ -233,7 +233,7 @@ async def async_run(s: Settings, state: dict[str, Any], console: Console) -> dic
 def initial_state(s: Settings) -> dict[str, Any]:
     import torch
 
-    from learner.service import make_policy
+    from learner.spec import make_policy
     from services.rollout import warmup
     from services.rollout.textcodec import for_policy
 

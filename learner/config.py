@@ -3,10 +3,16 @@ live."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 
 class Section(BaseModel):
@@ -104,3 +110,22 @@ class LearnerSettings(Section):
     """Where. Unset: `tensorboard/{prefix}` under the stack's state_dir."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+
+
+def configure(cls: type[D], section: LearnerSettings | None = None, /, **values: Any) -> D:
+    """An instance of the dataclass `cls` whose fields named like `[learner]` keys take the
+    section's values (the one source of their defaults), the other fields `values`.
+
+    `section` defaults to the defaults; a value named like a section key updates a copy of
+    it, validated as the section validates it (tests and benchmarks set knobs this way)."""
+    base = section if section is not None else LearnerSettings()
+    keys = LearnerSettings.model_fields.keys()
+    own = {k: v for k, v in values.items() if k in keys}
+    if own:
+        base = LearnerSettings.model_validate({**base.model_dump(), **own})
+    names = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(values) - names - own.keys())
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {unknown}")
+    taken = {n: getattr(base, n) for n in names if n in keys}
+    return cls(**taken, **{k: v for k, v in values.items() if k not in keys})

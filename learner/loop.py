@@ -33,7 +33,7 @@ from learner import staleness
 from learner.batching import TokenBudgetBatcher
 from learner.bookkeeping import DedupWindow, OffsetTracker
 from learner.checkpoint import CheckpointManager, CheckpointState
-from learner.kafka_io import LearnerIO, Record
+from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
 from learner.sample import Sample, from_scored, problem
 from learner.trainer import Trainer
@@ -46,21 +46,27 @@ log = logging.getLogger(__name__)
 Unpack = Callable[[bytes], Awaitable[ScoredTrajectory]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoopConfig:
+    """The loop's knobs: the same-named keys of `[learner]` (learner/config.py documents
+    them and holds their defaults; `loop_config(section, prefix)` builds one), the topics,
+    and the run's limits."""
+
     policy: str
     rewards_topic: str
     weights_topic: str
     ledger_topic: str
     dlq_topic: str
+    max_lag: int
+    batch_tokens: int
+    batch_max_wait_s: float
+    publish_every: int
+    checkpoint_every: int
+    dedup_window: int
     writer: str = "learner-0"
-    max_lag: int = 4
-    batch_tokens: int = 16384
-    batch_max_wait_s: float = 5.0
-    publish_every: int = 1
-    checkpoint_every: int = 20
-    dedup_window: int = 100_000
+    """Who writes the ledger entries and dead letters."""
     poll_s: float = 0.5
+    """Longest wait of one poll of `rewards`."""
     max_steps: int | None = None
     max_seconds: float | None = None
     idle_exit_s: float | None = None

@@ -49,34 +49,26 @@ import torch
 from torch import Tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    clip_eps: float = 0.2
-    """PPO clip range below 1 (and above, unless clip_eps_high is set)."""
-    clip_eps_high: float | None = None
-    """Clip range above 1 ("clip-higher"); None: clip_eps."""
-    is_cap: float = 2.0
-    """Truncation cap of the importance weight pi_prox / mu."""
-    seq_mask_low: float = 0.5
-    """Mask a sequence whose geometric-mean importance weight is below this."""
-    seq_mask_high: float = 2.0
-    """Mask a sequence whose geometric-mean importance weight is above this."""
-    token_mask_low: float = 1e-3
-    """Mask a sequence when any of its tokens' importance weight is below this."""
-    token_mask_high: float = 1e3
-    """Mask a sequence when any of its tokens' importance weight is above this."""
+    """The loss's knobs: the same-named keys of `[learner]` (learner/config.py documents
+    them and holds their defaults; `learner.config.configure(LossConfig, section)` builds
+    one), plus `correction`, which is no setting."""
+
+    clip_eps: float
+    clip_eps_high: float | None
+    is_cap: float
+    seq_mask_low: float
+    seq_mask_high: float
+    token_mask_low: float
+    token_mask_high: float
+    kl_coef: float
+    entropy_coef: float
+    rwl_coef: float
+    rwl_beta: float
+    rwl_max_weight: float
     correction: bool = True
     """False: treat behaviour data as on-policy (w = 1, no masking); for comparisons only."""
-    kl_coef: float = 0.0
-    """Weight of the KL-to-reference term (needs ref_logp)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus (needs entropy)."""
-    rwl_coef: float = 1.0
-    """Weight of the reward-weighted likelihood term for samples without behaviour logprobs."""
-    rwl_beta: float = 1.0
-    """Temperature of the advantage weights exp(A / beta) of that term."""
-    rwl_max_weight: float = 20.0
-    """Upper bound of those weights."""
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 Two implementations: `learner.tiny.TinyPolicy` (a small built-in decoder-only transformer
 with a byte-level tokenizer) and `learner.hf.HFPolicy` (a Hugging Face causal LM loaded
-from a local path). `build_policy(spec)` makes either from a JSON-able spec, so a process
-that receives weights (a generator) can build the same architecture the learner trains.
+from a local path); both use the helpers below. This module imports neither: the factory
+`learner.spec.build_policy(spec)` does, so the backends depend on this module only.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class Policy(Protocol):
         ...
 
     def spec(self) -> dict[str, Any]:
-        """JSON-able description from which `build_policy` rebuilds the architecture."""
+        """JSON-able description from which `learner.spec.build_policy` rebuilds the
+        architecture."""
         ...
 
     def sample(
@@ -75,6 +76,8 @@ class Policy(Protocol):
     def to(self, *args: Any, **kwargs: Any) -> Any: ...
 
     def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
 
 
 def logprobs_from_logits(
@@ -96,18 +99,3 @@ def export_state(module: nn.Module) -> dict[str, Tensor]:
     """The module's state dict detached onto the CPU, contiguous, each tensor its own copy
     (safetensors refuses shared storage, e.g. tied embeddings)."""
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
-
-
-def build_policy(spec: Mapping[str, Any]) -> Policy:
-    """Build a policy from `Policy.spec()` output: ``{"kind": "tiny", ...}`` or
-    ``{"kind": "hf", "path": ...}``."""
-    kind = spec.get("kind")
-    if kind == "tiny":
-        from learner.tiny import TinyConfig, TinyPolicy
-
-        return TinyPolicy(TinyConfig.from_dict(spec))
-    if kind == "hf":
-        from learner.hf import HFPolicy
-
-        return HFPolicy.from_path(spec["path"], dtype=spec.get("dtype"))
-    raise ValueError(f"unknown policy kind {kind!r} (expected 'tiny' or 'hf')")

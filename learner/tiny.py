@@ -2,8 +2,8 @@
 
 Pre-norm blocks (LayerNorm, causal multi-head attention through
 `scaled_dot_product_attention`, GELU MLP), learned positions, untied output head, and a KV
-cache for sampling. With the defaults (dim 128, 2 layers, ~0.5M parameters) it learns
-small text tasks on two CPU cores in minutes; the same code runs on CUDA.
+cache for sampling. With the `[learner]` defaults (dim 128, 2 layers, ~0.5M parameters) it
+learns small text tasks on two CPU cores in minutes; the same code runs on CUDA.
 
 Tokenizer: one token per UTF-8 byte (ids 0-255) plus BOS, EOS and PAD.
 """
@@ -42,13 +42,17 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TinyConfig:
+    """The architecture. `dim`, `layers`, `heads` and `max_seq_len` are the section's
+    `tiny_*` and `max_seq_len` keys (learner.spec.policy_spec); the rest are fixed by the
+    byte tokenizer."""
+
+    dim: int
+    layers: int
+    heads: int
+    max_seq_len: int
     vocab_size: int = ByteTokenizer.vocab_size
-    dim: int = 128
-    layers: int = 2
-    heads: int = 4
-    max_seq_len: int = 512
     mlp_ratio: int = 4
     eos_id: int = ByteTokenizer.eos_id
     pad_id: int = ByteTokenizer.pad_id
@@ -105,9 +109,9 @@ class _Block(nn.Module):
 class TinyPolicy(nn.Module):
     """A small GPT-style policy implementing `learner.policy.Policy`."""
 
-    def __init__(self, cfg: TinyConfig | None = None) -> None:
+    def __init__(self, cfg: TinyConfig) -> None:
         super().__init__()
-        self.cfg = cfg or TinyConfig()
+        self.cfg = cfg
         self.tokenizer = ByteTokenizer()
         self.vocab_size = self.cfg.vocab_size
         self.max_seq_len = self.cfg.max_seq_len

@@ -9,33 +9,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from learner.batching import micro_batches, split_even
+from learner.config import LearnerSettings, configure
 from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
 from learner.policy import Policy
 from learner.sample import Sample, collate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    lr: float = 3e-4
-    weight_decay: float = 0.0
+    """The trainer's knobs: the same-named keys of `[learner]` (learner/config.py documents
+    them and holds their defaults; `train_config(section)` builds one), plus `betas`."""
+
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    micro_batch_tokens: int
+    minibatches: int
+    temperature: float
+    amp: bool
+    loss: LossConfig
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 4096
-    """Padded tokens per forward/backward pass (memory bound)."""
-    minibatches: int = 1
-    """Optimizer steps per batch; above 1 the PPO clip against the proximal policy bites."""
-    temperature: float = 1.0
-    """Sampling temperature of the generators; logits are divided by it."""
-    amp: bool = True
-    """bf16 autocast on devices that support it."""
-    loss: LossConfig = field(default_factory=LossConfig)
+    """AdamW betas (no setting)."""
+
+
+def train_config(section: LearnerSettings) -> TrainConfig:
+    """The trainer's and the loss's knobs from the `[learner]` section."""
+    return configure(TrainConfig, section, loss=configure(LossConfig, section))
 
 
 @dataclass

@@ -3,9 +3,13 @@ aiokafka) stay inside the command, so `rollstream --help` stays instant."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from learner.loop import Summary
+    from services.settings import Settings
 
 
 def register(app: typer.Typer) -> None:
@@ -35,39 +39,55 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
     ) -> None:
         """Run the asynchronous off-policy learner: rewards -> updates -> weights + ledger."""
-        import asyncio
-        import json
-        import logging
-
-        from learner.service import run_service
         from services.cli import settings_from
 
-        logging.basicConfig(
-            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
-        settings = settings_from(
-            ctx,
-            **{
-                "topics.prefix": prefix,
-                "learner.policy": policy,
-                "learner.device": device,
-                "learner.metrics_port": metrics_port,
-            },
-        )
-        summary = asyncio.run(
-            run_service(
-                settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit
-            )
-        )
-        typer.echo(
-            json.dumps(
-                {
-                    "steps": summary.steps,
-                    "version": summary.version,
-                    "samples": summary.counts,
-                    "tokens_per_s": round(summary.tokens_per_s, 1),
-                    "wait_frac": round(summary.wait_frac, 3),
-                }
-            )
-        )
+        _logging(log_level)
+        overrides = {
+            "topics.prefix": prefix,
+            "learner.policy": policy,
+            "learner.device": device,
+            "learner.metrics_port": metrics_port,
+        }
+        settings = settings_from(ctx, **overrides)
+        _run(settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit)
+
+
+def _logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+def _run(
+    settings: Settings,
+    *,
+    max_steps: int | None,
+    max_seconds: float | None,
+    idle_exit_s: float | None,
+) -> None:
+    """Run the learner service and print its summary as one JSON line."""
+    import asyncio
+
+    from services.learner_service import run_service
+
+    summary = asyncio.run(
+        run_service(settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit_s)
+    )
+    typer.echo(_summary_json(summary))
+
+
+def _summary_json(summary: Summary) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "steps": summary.steps,
+            "version": summary.version,
+            "samples": summary.counts,
+            "tokens_per_s": round(summary.tokens_per_s, 1),
+            "wait_frac": round(summary.wait_frac, 3),
+        }
+    )

@@ -157,7 +157,7 @@ class Demo:
     def _warmup(self) -> tuple[Any, Any]:
         import torch
 
-        from learner.service import make_policy
+        from learner.spec import make_policy
         from services.rollout import warmup
         from services.rollout.textcodec import for_policy
 
@@ -273,14 +273,13 @@ class Demo:
         await asyncio.to_thread(procs.stop_all, 60)
 
     async def _final_eval(self, policy: Any, text: Any) -> None:
-        from learner.kafka_io import KafkaIO
         from learner.weights import fetch
         from schemas import codec, topics
         from schemas.learning import WeightUpdate
+        from services.learner_kafka import last_value
 
         prefix, ls = self.s.topics.prefix, self.s.learner
-        io = KafkaIO(self.s.kafka.endpoint, topics.REWARDS.full_name(prefix), "demo", "demo")
-        raw = await io.last_value(topics.WEIGHTS.full_name(prefix), ls.policy.encode())
+        raw = await last_value(self.s, topics.WEIGHTS.full_name(prefix), ls.policy.encode())
         if raw is None:
             return
         update = codec.decode(raw, WeightUpdate)

@@ -91,7 +91,7 @@ async def export(
     try:
         if not await kafka_read.topic_exists(c, name):
             raise ValueError(f"topic {name} does not exist")
-        spans = await kafka_read.spans(c, name, selection or kafka_read.Selection())
+        spans = await kafka_read.spans(settings, c, name, selection or kafka_read.Selection())
         with _AtomicFile(out, compress=kind != "parquet") as fh:
             async for rec in kafka_read.read(c, name, spans, settings.replay.read_timeout_s):
                 msg = await _decode(claim, rec, report)

@@ -103,13 +103,13 @@ async def topic_exists(c: Any, topic: str) -> bool:
     return topic in await c.topics()
 
 
-async def spans(c: Any, topic: str, sel: Selection) -> list[Span]:
+async def spans(settings: Settings, c: Any, topic: str, sel: Selection) -> list[Span]:
     """The span of every selected partition of `topic` (a started consumer `c`)."""
     from aiokafka import TopicPartition
 
-    from learner.kafka_io import partitions_of
+    from services.kafka import partitions
 
-    parts = await partitions_of(c, topic)
+    parts = await partitions(settings, topic)
     if sel.partitions is not None:
         missing = sorted(set(sel.partitions) - set(parts))
         if missing:
@@ -170,7 +170,7 @@ async def read_topic(
     try:
         if not await topic_exists(c, topic):
             return []
-        chosen = await spans(c, topic, sel or Selection())
+        chosen = await spans(settings, c, topic, sel or Selection())
         return [r async for r in read(c, topic, chosen, timeout_s)]
     finally:
         await c.stop()

@@ -120,7 +120,7 @@ class _Reader:
             if not await kafka_read.topic_exists(c, name):
                 raise ValueError(f"topic {name} does not exist")
             if self.spans is None:
-                self.spans = await kafka_read.spans(c, name, self.source.selection)
+                self.spans = await kafka_read.spans(self.settings, c, name, self.source.selection)
             timeout = self.settings.replay.read_timeout_s
             async for rec in kafka_read.read(c, name, self.spans, timeout):
                 try:

@@ -145,13 +145,15 @@ async def _members(settings: Settings, ids: list[str]) -> dict[str, tuple[int, s
     return out
 
 
-async def _offsets(c: Any, names: list[str], since_ms: int) -> dict[str, Any]:
+async def _offsets(settings: Settings, c: Any, names: list[str], since_ms: int) -> dict[str, Any]:
     from aiokafka import TopicPartition
 
-    from learner.kafka_io import partitions_of
+    from services.kafka import partitions
 
     existing = await c.topics()
-    tps = [TopicPartition(n, p) for n in names if n in existing for p in await partitions_of(c, n)]
+    tps = [
+        TopicPartition(n, p) for n in names if n in existing for p in await partitions(settings, n)
+    ]
     if not tps:
         return {"low": {}, "high": {}, "since": {}}
     since = await c.offsets_for_times({tp: since_ms for tp in tps})
@@ -172,7 +174,9 @@ async def snapshot(settings: Settings, window_s: float = 60.0, recent: int = 200
     c = kafka_read.consumer(settings)
     await c.start()
     try:
-        off = await _offsets(c, list(names.values()), round((time.time() - window_s) * 1000))
+        off = await _offsets(
+            settings, c, list(names.values()), round((time.time() - window_s) * 1000)
+        )
         _fill_topics(snap, names, off)
         await _fill_groups(snap, settings, off["high"])
         await _fill_learner(snap, settings, c, names)
@@ -211,7 +215,7 @@ async def _fill_learner(snap: Snapshot, settings: Settings, c: Any, names: dict[
     policy = settings.learner.policy
     if names["weights"] not in await c.topics():
         return
-    spans = await kafka_read.spans(c, names["weights"], kafka_read.Selection())
+    spans = await kafka_read.spans(settings, c, names["weights"], kafka_read.Selection())
     latest: WeightUpdate | None = None
     async for rec in kafka_read.read(c, names["weights"], spans, 30.0):
         if rec.key == policy.encode() and rec.value:

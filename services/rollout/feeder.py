@@ -260,7 +260,7 @@ class Feeder:
 
     async def backlog(self) -> int:
         """Tasks published but not yet committed by the generators' consumer group."""
-        published = await kafkaio.record_count(self.reader, self.tasks_topic)
+        published = await kafkaio.record_count(self.settings, self.reader, self.tasks_topic)
         offsets = await self.admin.list_consumer_group_offsets(self.group)
         taken = sum(
             max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == self.tasks_topic
@@ -270,7 +270,7 @@ class Feeder:
     async def sandbox_backlog(self) -> int:
         """Sandbox requests published but not yet committed by the sandbox workers."""
         requests = kafkaio.topic(self.settings, topics.SANDBOX_REQUESTS)
-        published = await kafkaio.record_count(self.reader, requests)
+        published = await kafkaio.record_count(self.settings, self.reader, requests)
         group = f"{self.settings.topics.prefix}.sandbox-workers"
         offsets = await self.admin.list_consumer_group_offsets(group)
         done = sum(max(0, m.offset) for tp, m in offsets.items() if tp.topic == requests)
@@ -308,7 +308,7 @@ class Feeder:
         history: dict[str, collections.deque[bool]] = {}
         rewards = kafkaio.topic(self.settings, topics.REWARDS)
         try:
-            await kafkaio.assign_all(consumer, [rewards], "end")
+            await kafkaio.assign_all(self.settings, consumer, [rewards], "end")
             while True:
                 batches = await consumer.getmany(timeout_ms=1000)
                 for rec in (r for rs in batches.values() for r in rs):

@@ -88,8 +88,7 @@ class Generator:
     async def start(self) -> None:
         import torch
 
-        from learner.policy import build_policy
-        from learner.service import policy_spec
+        from learner.spec import build_policy, policy_spec
         from services import blobs
         from services.rollout.textcodec import for_policy
 
@@ -295,7 +294,9 @@ class Generator:
         assert self.watcher is not None
         ls, started = self.settings.learner, time.monotonic()
         while not self._stop.is_set():
-            published = await kafkaio.record_count(self.consumer, self.trajectories_topic)
+            published = await kafkaio.record_count(
+                self.settings, self.consumer, self.trajectories_topic
+            )
             batch = pacing.batch_samples(
                 ls.batch_tokens, self.mean_tokens.value, self.cfg.batch_samples
             )

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from learner.kafka_io import partitions_of
 from schemas import topics
 from schemas.deadletter import publish_dead_letter
+from services import kafka
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -51,29 +51,20 @@ def reader(settings: Settings, client_id: str, **kwargs: Any) -> Any:
     )
 
 
-async def assign_all(consumer: Any, names: list[str], at: str = "beginning") -> list[Any]:
+async def assign_all(
+    settings: Settings,
+    consumer: Any,
+    names: list[str],
+    at: Literal["beginning", "end"] = "beginning",
+) -> list[Any]:
     """Assign every partition of the topics, positioned at their beginning or end."""
-    from aiokafka import TopicPartition
-
-    tps = [TopicPartition(n, p) for n in names for p in await partitions_of(consumer, n)]
-    consumer.assign(tps)
-    if at == "end":
-        await consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve the position now, before anything is sent
-            await consumer.position(tp)
-    else:
-        await consumer.seek_to_beginning(*tps)
-    return tps
+    return await kafka.assign_all(settings, consumer, names, at)
 
 
-async def record_count(consumer: Any, name: str) -> int:
+async def record_count(settings: Settings, consumer: Any, name: str) -> int:
     """Records ever written to a topic (sum of its partitions' end offsets). Exact for
     topics written without transactions (trajectories, tasks)."""
-    from aiokafka import TopicPartition
-
-    tps = [TopicPartition(name, p) for p in await partitions_of(consumer, name)]
-    ends = await consumer.end_offsets(tps)
-    return int(sum(ends.values()))
+    return await kafka.record_count(settings, consumer, name)
 
 
 class DeadLetters:

@@ -45,7 +45,7 @@ class Monitor:
             self.settings, "rollstream-demo-monitor", fetch_max_bytes=32 << 20
         )
         await self._consumer.start()
-        await kafkaio.assign_all(self._consumer, list(self.names), "beginning")
+        await kafkaio.assign_all(self.settings, self._consumer, list(self.names), "beginning")
         self._task = asyncio.create_task(self._run(), name="monitor")
 
     async def stop(self) -> None:

@@ -40,7 +40,7 @@ class SandboxClient:
         self._consumer = kafkaio.reader(self.settings, f"rollstream-{self.name}-results")
         await self._consumer.start()
         results = kafkaio.topic(self.settings, topics.SANDBOX_RESULTS)
-        await kafkaio.assign_all(self._consumer, [results], at="end")
+        await kafkaio.assign_all(self.settings, self._consumer, [results], at="end")
         self._task = asyncio.create_task(self._read(), name=f"{self.name}-results")
 
     async def stop(self) -> None:

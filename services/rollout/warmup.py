@@ -95,8 +95,8 @@ async def seed_learner(settings: Settings, policy: Any) -> WeightUpdate:
     import asyncio
 
     from learner.checkpoint import CheckpointManager, CheckpointState
-    from learner.service import checkpoint_dir, train_config, weight_store
-    from learner.trainer import Trainer
+    from learner.trainer import Trainer, train_config
+    from services.learner_service import checkpoint_dir, weight_store
     from services.rollout import kafkaio
 
     ls = settings.learner

@@ -72,7 +72,10 @@ class WeightsWatcher:
         self._consumer = kafkaio.reader(self.settings, "rollstream-generator-weights")
         await self._consumer.start()
         await kafkaio.assign_all(
-            self._consumer, [kafkaio.topic(self.settings, topics.WEIGHTS)], "beginning"
+            self.settings,
+            self._consumer,
+            [kafkaio.topic(self.settings, topics.WEIGHTS)],
+            "beginning",
         )
         self._task = asyncio.create_task(self._run(), name="weights-watch")
 

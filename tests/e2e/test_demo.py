@@ -64,7 +64,7 @@ async def read_back(s: Settings) -> dict[str, list[Any]]:
     }
     out: dict[str, list[Any]] = {n: [] for n in names.values()}
     try:
-        tps = await kafkaio.assign_all(consumer, list(names))
+        tps = await kafkaio.assign_all(s, consumer, list(names))
         ends = await consumer.end_offsets(tps)
         for _ in range(2000):  # bounded: stops once every partition is read to its end
             if all([await consumer.position(tp) >= ends[tp] for tp in tps]):

@@ -1,6 +1,6 @@
 """A learner process for the kill tests: `python learner_child.py [--slow-publish N] KEY=VALUE...`
 
-Runs `learner.service.run_service` with the settings overrides given, logging to stderr.
+Runs `services.learner_service.run_service` with the settings overrides given, logging to stderr.
 With ``--slow-publish N`` the N-th weight publication (1-based) of this process writes
 half of its blob, prints ``HALF-WRITTEN <version>`` on stdout and then stalls, so a test
 can SIGKILL it in the middle of a publication.
@@ -19,7 +19,7 @@ from typing import Any
 from torch import Tensor
 
 from learner import weights
-from learner.service import run_service
+from services.learner_service import run_service
 from services.settings import load
 
 

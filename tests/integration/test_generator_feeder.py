@@ -62,7 +62,7 @@ async def read(s: Settings, spec: topics.TopicSpec) -> list[Any]:
     consumer = kafkaio.reader(s, "test-feeder-read")
     await consumer.start()
     try:
-        tps = await kafkaio.assign_all(consumer, [kafkaio.topic(s, spec)])
+        tps = await kafkaio.assign_all(s, consumer, [kafkaio.topic(s, spec)])
         ends = await consumer.end_offsets(tps)
         out: list[Any] = []
         for _ in range(100):

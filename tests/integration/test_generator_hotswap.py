@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from learner.service import make_policy, weight_store
+from learner.spec import make_policy
 from schemas import codec, topics
 from schemas.arrays import unpack_f32, unpack_i32
 from schemas.learning import WeightUpdate
@@ -20,6 +20,7 @@ from schemas.rollout import Trajectory
 from schemas.transport import DeadLetter
 from services import suites
 from services import topics as topic_admin
+from services.learner_service import weight_store
 from services.rollout import kafkaio
 from services.rollout.generator import Generator
 from services.settings import Settings
@@ -86,7 +87,7 @@ class Seen:
     async def start(self) -> None:
         await self.consumer.start()
         names = [kafkaio.topic(self.s, t) for t in (topics.TRAJECTORIES, topics.DLQ)]
-        await kafkaio.assign_all(self.consumer, names)
+        await kafkaio.assign_all(self.s, self.consumer, names)
 
     async def until(self, predicate: Any, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s

@@ -68,7 +68,8 @@ def sandbox_worker(prefix: str, log: Path):  # type: ignore[no-untyped-def]
 async def test_multi_turn_episodes_through_the_sandbox(
     settings: Settings, prefix: str, tmp_path: Path, docker_client: object
 ) -> None:
-    from learner.service import make_policy, weight_store
+    from learner.spec import make_policy
+    from services.learner_service import weight_store
 
     s = run_settings(settings, prefix)
     await topic_admin.ensure(s)
@@ -122,7 +123,7 @@ async def read_trajectories(s: Settings, n: int) -> list[Trajectory]:
     await consumer.start()
     out: list[Trajectory] = []
     try:
-        await kafkaio.assign_all(consumer, [kafkaio.topic(s, topics.TRAJECTORIES)])
+        await kafkaio.assign_all(s, consumer, [kafkaio.topic(s, topics.TRAJECTORIES)])
         for _ in range(60):
             if len(out) >= n:
                 break

@@ -20,12 +20,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from learner.kafka_io import partitions_of
 from learner.synthetic import scored
 from learner.weights import fetch
 from schemas import codec
 from schemas.messages import DeadLetter, LedgerEntry, LedgerStatus, ScoredTrajectory, WeightUpdate
-from services import topics
+from services import kafka, topics
 from services.settings import Settings
 
 CHILD = Path(__file__).with_name("learner_child.py")
@@ -126,7 +125,7 @@ async def _read(settings: Settings, topic: str) -> list[tuple[bytes | None, byte
     c = AIOKafkaConsumer(bootstrap_servers=settings.kafka.endpoint, enable_auto_commit=False)
     await c.start()
     try:
-        tps = [TopicPartition(topic, p) for p in await partitions_of(c, topic)]
+        tps = [TopicPartition(topic, p) for p in await kafka.partitions(settings, topic)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from learner.policy import Policy, build_policy
+from learner.config import LearnerSettings
+from learner.policy import Policy
 from learner.sample import Sample
-from learner.trainer import TrainConfig, Trainer
+from learner.spec import build_policy
+from learner.trainer import Trainer, train_config
 from learner.weights import DirWeightStore
 
 transformers = pytest.importorskip("transformers")
@@ -61,7 +63,7 @@ def test_sampling_with_kv_cache_matches_training_logprobs(model_dir: Path) -> No
 
 def test_trains_and_round_trips_through_the_weight_store(model_dir: Path, tmp_path: Path) -> None:
     policy = build_policy({"kind": "hf", "path": str(model_dir)})
-    trainer = Trainer(policy, TrainConfig(lr=1e-2), torch.device("cpu"))
+    trainer = Trainer(policy, train_config(LearnerSettings(lr=1e-2)), torch.device("cpu"))
     completion = np.array([10, 11, 12, 2], np.int32)
     sample = Sample("t", "g", np.array([5, 6], np.int32), completion, advantage=1.0)
     seq = torch.tensor([[5, 6, 10, 11, 12, 2]])

@@ -11,14 +11,15 @@ import torch
 
 from learner.bookkeeping import DedupWindow, OffsetTracker
 from learner.checkpoint import CheckpointManager
-from learner.kafka_io import Record
+from learner.config import LearnerSettings, configure
 from learner.loop import Learner, LoopConfig
 from learner.synthetic import scored
 from learner.tiny import TinyConfig, TinyPolicy
-from learner.trainer import TrainConfig, Trainer
+from learner.trainer import Trainer, train_config
 from learner.weights import DirWeightStore
 from schemas import codec
 from schemas.messages import DeadLetter, LedgerEntry, ScoredTrajectory, WeightUpdate
+from services.kafka import Record
 
 torch.set_num_threads(1)
 CFG = TinyConfig(vocab_size=16, dim=16, layers=1, heads=2, max_seq_len=24, eos_id=14, pad_id=15)
@@ -42,7 +43,7 @@ class FakeIO:
         out = []
         for p, values in self.rewards.items():
             while self.pos[p] < len(values) and len(out) < 3:  # small polls
-                out.append(Record("p.rewards", p, self.pos[p], b"k", values[self.pos[p]]))
+                out.append(Record("p.rewards", p, self.pos[p], 0, b"k", values[self.pos[p]]))
                 self.pos[p] += 1
         return out
 
@@ -70,7 +71,7 @@ class Boom(Exception):
 
 def _learner(io: FakeIO, root: Path, crash_at: int | None = None, **cfg: object) -> Learner:
     torch.manual_seed(0)
-    trainer = Trainer(TinyPolicy(CFG), TrainConfig(lr=1e-3), torch.device("cpu"))
+    trainer = Trainer(TinyPolicy(CFG), train_config(LearnerSettings(lr=1e-3)), torch.device("cpu"))
     if crash_at is not None:
         step = trainer.step
 
@@ -80,7 +81,9 @@ def _learner(io: FakeIO, root: Path, crash_at: int | None = None, **cfg: object)
             return step(samples)
 
         trainer.step = crashing  # type: ignore[method-assign]
-    loop_cfg = LoopConfig(
+    loop_cfg = configure(
+        LoopConfig,
+        LearnerSettings(),
         policy="pi",
         ledger_topic="p.ledger",
         dlq_topic="p.dlq",

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from learner.config import configure
 from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
 
 torch.set_num_threads(1)
@@ -40,7 +41,7 @@ def _grad(inp: LossInputs, cfg: LossConfig, num_tokens: float | None = None) -> 
 def test_on_policy_reduces_to_plain_policy_gradient() -> None:
     logp = [[-0.5, -1.2, -2.0], [-0.1, -0.3, -0.7]]
     inp = _inputs(logp, logp, [1.5, -0.5], mask=[[1, 1, 0], [1, 1, 1]])
-    grad = _grad(inp, LossConfig())
+    grad = _grad(inp, configure(LossConfig))
     # plain policy gradient: loss = -sum(A * logp * mask) / N, N = 5 trained tokens
     plain = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[1.5], [-0.5]], dtype=torch.float64)
@@ -57,7 +58,7 @@ def test_on_policy_gradient_wrt_logits_is_softmax_policy_gradient() -> None:
     inp = LossInputs(
         logp, torch.ones(1, 1), torch.tensor([adv]), logp.detach(), torch.tensor([True])
     )
-    loss, _ = policy_loss(inp, LossConfig())
+    loss, _ = policy_loss(inp, configure(LossConfig))
     loss.backward()
     expected = -adv * (torch.nn.functional.one_hot(torch.tensor(action), 3) - logits.softmax(-1))
     assert logits.grad is not None
@@ -67,14 +68,14 @@ def test_on_policy_gradient_wrt_logits_is_softmax_policy_gradient() -> None:
 def test_importance_weight_scales_the_gradient() -> None:
     # behaviour logp lower than current: w = exp(0.3) (under the cap of 2)
     inp = _inputs([[-1.0, -2.0]], [[-1.3, -2.1]], [2.0])
-    grad = _grad(inp, LossConfig())
+    grad = _grad(inp, configure(LossConfig))
     expected = torch.tensor([[-2.0 * math.exp(0.3) / 2, -2.0 * math.exp(0.1) / 2]])
     torch.testing.assert_close(grad, expected.double())
 
 
 def test_importance_weight_is_truncated_at_the_cap() -> None:
     inp = _inputs([[-1.0, -1.0]], [[-2.0, -1.0]], [1.0])  # w = e (> cap 2), then 1
-    cfg = LossConfig(is_cap=2.0, seq_mask_high=10.0)
+    cfg = configure(LossConfig, is_cap=2.0, seq_mask_high=10.0)
     loss, stats = policy_loss(inp, cfg)
     loss.backward()
     assert inp.logp.grad is not None
@@ -92,7 +93,7 @@ def test_importance_weight_is_truncated_at_the_cap() -> None:
 )
 def test_extreme_sequences_are_masked(behaviour: list[list[float]], why: str) -> None:
     inp = _inputs([[-1.0, -1.0], [-1.0, -1.0]], [*behaviour, [-1.0, -1.0]], [1.0, 1.0])
-    loss, stats = policy_loss(inp, LossConfig(is_cap=100.0), num_tokens=4)
+    loss, stats = policy_loss(inp, configure(LossConfig, is_cap=100.0), num_tokens=4)
     loss.backward()
     assert inp.logp.grad is not None
     torch.testing.assert_close(inp.logp.grad[0], torch.zeros(2).double(), msg=why)
@@ -105,7 +106,7 @@ def test_clipping_against_the_proximal_policy() -> None:
     # for A < 0 the unclipped branch is smaller, so the gradient is w * r * A.
     logp, prox = [[-0.5], [-0.5]], torch.tensor([[-1.0], [-1.0]], dtype=torch.float64)
     inp = _inputs(logp, [[-1.0], [-1.0]], [1.0, -1.0], proximal_logp=prox)
-    loss, stats = policy_loss(inp, LossConfig(clip_eps=0.2))
+    loss, stats = policy_loss(inp, configure(LossConfig, clip_eps=0.2))
     loss.backward()
     assert inp.logp.grad is not None
     torch.testing.assert_close(inp.logp.grad, torch.tensor([[0.0], [math.exp(0.5) / 2]]).double())
@@ -115,19 +116,19 @@ def test_clipping_against_the_proximal_policy() -> None:
 def test_clip_higher_widens_the_upper_range() -> None:
     prox = torch.tensor([[-1.0]], dtype=torch.float64)
     inp = _inputs([[-0.8]], [[-1.0]], [1.0], proximal_logp=prox)  # r = e^0.2 = 1.22
-    grad = _grad(inp, LossConfig(clip_eps=0.2, clip_eps_high=0.3))
+    grad = _grad(inp, configure(LossConfig, clip_eps=0.2, clip_eps_high=0.3))
     torch.testing.assert_close(grad, torch.tensor([[-math.exp(0.2)]]).double())
 
 
 def test_without_correction_behaviour_is_ignored() -> None:
     inp = _inputs([[-1.0, -1.0]], [[-3.0, -0.2]], [1.0])
-    grad = _grad(inp, LossConfig(correction=False))
+    grad = _grad(inp, configure(LossConfig, correction=False))
     torch.testing.assert_close(grad, torch.full((1, 2), -0.5).double())
 
 
 def test_reward_weighted_likelihood_for_traces_without_behaviour() -> None:
     inp = _inputs([[-1.0, -2.0], [-0.5, -0.5]], None, [1.0, -2.0])
-    cfg = LossConfig(rwl_coef=0.5, rwl_beta=2.0, rwl_max_weight=1.5)
+    cfg = configure(LossConfig, rwl_coef=0.5, rwl_beta=2.0, rwl_max_weight=1.5)
     loss, stats = policy_loss(inp, cfg)
     loss.backward()
     w = torch.tensor([min(math.exp(0.5), 1.5), math.exp(-1.0)])  # always positive
@@ -142,7 +143,7 @@ def test_kl_and_entropy_terms() -> None:
     ref = torch.tensor([[-1.5, -0.5]], dtype=torch.float64)
     ent = torch.tensor([[0.8, 0.4]], dtype=torch.float64, requires_grad=True)
     inp = _inputs(logp, logp, [0.0], ref_logp=ref, entropy=ent)
-    loss, stats = policy_loss(inp, LossConfig(kl_coef=0.1, entropy_coef=0.01))
+    loss, stats = policy_loss(inp, configure(LossConfig, kl_coef=0.1, entropy_coef=0.01))
     loss.backward()
     # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp)
     expected = 0.1 * (1 - torch.exp(ref - torch.tensor(logp).double())) / 2
@@ -156,11 +157,11 @@ def test_num_tokens_makes_micro_batches_add_up() -> None:
     logp = [[-1.0, -0.2], [-0.3, -0.9]]
     behaviour = [[-1.1, -0.1], [-0.4, -0.7]]
     whole = _inputs(logp, behaviour, [1.0, -1.0])
-    full = _grad(whole, LossConfig())
+    full = _grad(whole, configure(LossConfig))
     stats = LossStats()
     for row in range(2):
         part = _inputs([logp[row]], [behaviour[row]], [[1.0, -1.0][row]])
-        loss, s = policy_loss(part, LossConfig(), num_tokens=4)
+        loss, s = policy_loss(part, configure(LossConfig), num_tokens=4)
         loss.backward()
         stats.merge(s)
         assert part.logp.grad is not None

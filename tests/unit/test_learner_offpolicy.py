@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from learner import staleness
+from learner.config import LearnerSettings, configure
 from learner.loss import LossConfig
 from learner.sample import Sample
 from learner.tiny import TinyConfig, TinyPolicy
@@ -43,7 +44,9 @@ def train_on_stale_stream(correction: bool, seed: int) -> list[float]:
     """Expected reward of the learner's policy every 10 steps."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    cfg = TrainConfig(lr=LR, micro_batch_tokens=1 << 20, loss=LossConfig(correction=correction))
+    section = LearnerSettings(lr=LR, micro_batch_tokens=1 << 20)
+    loss = configure(LossConfig, section, correction=correction)
+    cfg = configure(TrainConfig, section, loss=loss)
     trainer = Trainer(TinyPolicy(CFG), cfg, torch.device("cpu"))
     versions = [copy.deepcopy(trainer.policy.weights())]  # published version v = index
     behaviour = TinyPolicy(CFG)

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from learner.policy import Policy, build_policy, logprobs_from_logits
+from learner.policy import Policy, logprobs_from_logits
 from learner.sampling import nucleus_logprobs
+from learner.spec import build_policy
 from learner.tiny import ByteTokenizer, TinyConfig, TinyPolicy
 
 torch.set_num_threads(1)

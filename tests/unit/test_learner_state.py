@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from learner.checkpoint import CheckpointManager, CheckpointState
+from learner.config import LearnerSettings
 from learner.sample import Sample
 from learner.tiny import TinyConfig, TinyPolicy
-from learner.trainer import TrainConfig, Trainer
+from learner.trainer import Trainer, train_config
 from learner.weights import DirWeightStore, WeightIntegrityError, fetch, path_of, serialize
 
 torch.set_num_threads(1)
@@ -23,7 +24,7 @@ CFG = TinyConfig(vocab_size=16, dim=16, layers=1, heads=2, max_seq_len=16, eos_i
 
 def _trainer(seed: int) -> Trainer:
     torch.manual_seed(seed)
-    return Trainer(TinyPolicy(CFG), TrainConfig(lr=1e-2), torch.device("cpu"))
+    return Trainer(TinyPolicy(CFG), train_config(LearnerSettings(lr=1e-2)), torch.device("cpu"))
 
 
 def _batch(seed: int) -> list[Sample]:
@@ -126,7 +127,10 @@ def test_checkpoints_are_atomic_pruned_and_verified(tmp_path: Path) -> None:
 
 
 def test_trainer_step_reports_stats_and_minibatches() -> None:
-    t = Trainer(TinyPolicy(CFG), TrainConfig(lr=1e-2, minibatches=2, micro_batch_tokens=16))
+    t = Trainer(
+        TinyPolicy(CFG),
+        train_config(LearnerSettings(lr=1e-2, minibatches=2, micro_batch_tokens=16)),
+    )
     before = [p.detach().clone() for p in t.policy.parameters()]  # type: ignore[attr-defined]
     res = t.step(_batch(0))
     assert res.steps == 2 and t.steps == 2 and res.tokens == 6 * 8

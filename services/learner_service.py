@@ -1,0 +1,106 @@
+"""`rollstream learner`'s composition: the learner (learner/service.py) with the real
+adapters, everything resolved from `Settings`.
+
+Wires in the aiokafka `LearnerIO` (services/learner_kafka.py), the claim check of the
+run (services/blobs.py) as the rewards decoder, the weight store (Redis or a directory),
+the checkpoint and TensorBoard directories under the stack's state_dir, and makes sure the
+topics exist (services/topics.py) before the learner starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from learner.loop import Summary
+    from learner.weights import WeightStore
+    from services.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def weight_store(settings: Settings) -> WeightStore:
+    """Where the learner publishes weights (and generators fetch them from)."""
+    from learner.weights import open_store
+
+    ls, prefix = settings.learner, settings.topics.prefix
+    if ls.weight_store == "redis":
+        return open_store(
+            "redis",
+            ls.policy,
+            redis_url=settings.redis.endpoint,
+            namespace=f"rollstream:{prefix}:weights",
+            chunk_bytes=ls.redis_chunk_bytes,
+            keep=ls.weight_keep,
+        )
+    root = (ls.weight_dir or settings.stack.state_dir / "weights") / prefix
+    return open_store("dir", ls.policy, root=root, keep=ls.weight_keep)
+
+
+def checkpoint_dir(settings: Settings) -> Path:
+    """The policy's checkpoints: `{checkpoint_dir}/{prefix}/{policy}`."""
+    ls = settings.learner
+    return (
+        (ls.checkpoint_dir or settings.stack.state_dir / "learner")
+        / settings.topics.prefix
+        / ls.policy
+    )
+
+
+def tensorboard_dir(settings: Settings) -> Path | None:
+    ls = settings.learner
+    if not ls.tensorboard:
+        return None
+    return ls.tensorboard_dir or settings.stack.state_dir / "tensorboard" / settings.topics.prefix
+
+
+async def run_service(
+    settings: Settings,
+    *,
+    max_steps: int | None = None,
+    max_seconds: float | None = None,
+    idle_exit_s: float | None = None,
+    store_hook: Callable[[WeightStore], WeightStore] | None = None,
+) -> Summary:
+    """Run the learner until stopped (SIGTERM/SIGINT), or until a limit is reached."""
+    from learner import service
+    from schemas.messages import ScoredTrajectory
+    from services import blobs
+    from services import topics as topic_admin
+    from services.learner_kafka import KafkaIO
+
+    await topic_admin.ensure(settings)
+    store = weight_store(settings)
+    if store_hook is not None:
+        store = store_hook(store)
+    io = KafkaIO(settings, settings.learner.policy)
+    claim = blobs.from_settings(settings)
+
+    async def unpack(data: bytes) -> ScoredTrajectory:
+        return await claim.unpack(data, ScoredTrajectory)
+
+    ports = service.Ports(
+        prefix=settings.topics.prefix,
+        io=io,
+        unpack=unpack,
+        store=store,
+        checkpoint_dir=checkpoint_dir(settings),
+        tensorboard_dir=tensorboard_dir(settings),
+        writer=f"learner@{socket.gethostname()}",
+    )
+    limits = {"max_steps": max_steps, "max_seconds": max_seconds, "idle_exit_s": idle_exit_s}
+    learner = None
+    try:
+        learner = service.build(settings.learner, ports, **limits)
+        log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
+        await io.start()
+        return await service.serve(learner)
+    finally:
+        await io.stop()
+        await claim.aclose()
+        if learner is not None and learner.metrics is not None:
+            learner.metrics.close()
