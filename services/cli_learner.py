@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         import logging
 
         from learner.service import run_service
-        from services.cli import settings_from
+        from services.cli_common import settings_from
 
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 from schemas import codec, topics
 from schemas.learning import WeightUpdate
 from schemas.rollout import ScoredTrajectory
+from services import kafka
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
+
     from services.settings import Settings
 
 TopicPart = tuple[str, int]
@@ -103,20 +106,11 @@ def staleness(current_version: int, sample_versions: Sequence[int]) -> dict[str,
 # -- Kafka ------------------------------------------------------------------------------
 
 
-def _admin(settings: Settings) -> Any:
-    import logging
-
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka.endpoint, request_timeout_ms=15000)
-
-
 async def group_offsets(
     settings: Settings, want: Callable[[str], bool]
 ) -> dict[str, dict[TopicPart, int]]:
     """Committed offsets of the consumer groups whose id `want` accepts."""
-    admin = _admin(settings)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         ids = [g[0] for g in await admin.list_consumer_groups() if want(str(g[0]))]
@@ -132,7 +126,7 @@ async def group_offsets(
 async def _members(settings: Settings, ids: list[str]) -> dict[str, tuple[int, str]]:
     if not ids:
         return {}
-    admin = _admin(settings)
+    admin = kafka.admin(settings)
     await admin.start()
     out: dict[str, tuple[int, str]] = {}
     try:
@@ -145,13 +139,11 @@ async def _members(settings: Settings, ids: list[str]) -> dict[str, tuple[int, s
     return out
 
 
-async def _offsets(c: Any, names: list[str], since_ms: int) -> dict[str, Any]:
-    from aiokafka import TopicPartition
-
-    from learner.kafka_io import partitions_of
-
+async def _offsets(
+    settings: Settings, c: AIOKafkaConsumer, names: list[str], since_ms: int
+) -> dict[str, Any]:
     existing = await c.topics()
-    tps = [TopicPartition(n, p) for n in names if n in existing for p in await partitions_of(c, n)]
+    tps = await kafka.topic_partitions(settings, [n for n in names if n in existing])
     if not tps:
         return {"low": {}, "high": {}, "since": {}}
     since = await c.offsets_for_times({tp: since_ms for tp in tps})
@@ -172,7 +164,9 @@ async def snapshot(settings: Settings, window_s: float = 60.0, recent: int = 200
     c = kafka_read.consumer(settings)
     await c.start()
     try:
-        off = await _offsets(c, list(names.values()), round((time.time() - window_s) * 1000))
+        off = await _offsets(
+            settings, c, list(names.values()), round((time.time() - window_s) * 1000)
+        )
         _fill_topics(snap, names, off)
         await _fill_groups(snap, settings, off["high"])
         await _fill_learner(snap, settings, c, names)
@@ -211,7 +205,7 @@ async def _fill_learner(snap: Snapshot, settings: Settings, c: Any, names: dict[
     policy = settings.learner.policy
     if names["weights"] not in await c.topics():
         return
-    spans = await kafka_read.spans(c, names["weights"], kafka_read.Selection())
+    spans = await kafka_read.spans(settings, c, names["weights"], kafka_read.Selection())
     latest: WeightUpdate | None = None
     async for rec in kafka_read.read(c, names["weights"], spans, 30.0):
         if rec.key == policy.encode() and rec.value:
@@ -273,7 +267,8 @@ async def _count(c: Any, topic: str, off: dict[str, Any], estimate: int) -> int:
 
 
 async def _fill_extras(snap: Snapshot, settings: Settings) -> None:
-    worker_group = next((g for g in snap.groups if g.group.endswith(".sandbox-workers")), None)
+    workers = topics.SANDBOX_WORKERS
+    worker_group = next((g for g in snap.groups if workers.matches(snap.prefix, g.group)), None)
     snap.sandbox = {
         "workers": worker_group.members if worker_group else 0,
         "backlog": sum(worker_group.lag.values()) if worker_group else 0,

@@ -12,8 +12,9 @@ rest in the ledger as late).
 Weights: `WeightsWatcher` fetches and verifies announced weights; they are loaded between
 sequences (never during one), so every token's version is exact. Pacing: before a group,
 wait while it would put more than (max_lag + 1) x batch trajectories beyond the learner's
-samples_consumed (services/rollout/pacing.py). Multi-turn tasks (max_turns > 1 and a
-sandboxed verifier): see services/rollout/multiturn.py.
+samples_consumed (services/rollout/pacing.py). Episodes: the generator does not know
+single- from multi-turn or tool-calling tasks; services/rollout/episodes.py picks the
+environment that runs a task, the generator is its `Sampler`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ from typing import TYPE_CHECKING, Any
 from schemas import topics
 from schemas.codec import SchemaError
 from schemas.rollout import Task, Trajectory
-from services.rollout import episode, kafkaio, pacing
+from services import kafka
+from services.rollout import episode, pacing
 from services.rollout import metrics as m
+from services.rollout.episodes import Episodes, import_environments
 from services.rollout.weights_watch import WeightsWatcher
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from learner.policy import Policy
+    from schemas.claimcheck import ClaimCheck
+    from services.rollout.textcodec import TextCodec
     from services.settings import Settings
 
 log = logging.getLogger("rollstream.generator")
@@ -69,16 +77,16 @@ class Generator:
         self.lock = asyncio.Lock()
         """Held while sampling and while swapping weights: a swap never splits a sequence."""
         self._stop = asyncio.Event()
-        self.trajectories_topic = kafkaio.topic(settings, topics.TRAJECTORIES)
-        self.policy: Any = None
-        self.codec: Any = None
+        self.trajectories_topic = kafka.topic(settings, topics.TRAJECTORIES)
+        self.policy: Policy | Any = None
+        self.codec: TextCodec | Any = None
         self.rng: Any = None
-        self.consumer: Any = None
-        self.producer: Any = None
-        self.claim: Any = None
+        self.consumer: AIOKafkaConsumer | Any = None
+        self.producer: AIOKafkaProducer | Any = None
+        self.claim: ClaimCheck | Any = None
         self.watcher: WeightsWatcher | None = None
-        self.dead: kafkaio.DeadLetters | None = None
-        self.multiturn: Any = None
+        self.dead: kafka.DeadLetters | None = None
+        self.episodes: Episodes | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -95,41 +103,39 @@ class Generator:
 
         torch.set_num_threads(self.cfg.torch_threads)
         self.policy = build_policy(policy_spec(self.settings.learner))
-        self.policy.eval()
+        self.policy.train(False)
         self.codec = for_policy(self.policy)
         self.rng = torch.Generator()
         self.rng.manual_seed(self.cfg.seed if self.cfg.seed is not None else time.time_ns())
         self.claim = blobs.from_settings(self.settings)
-        self.producer = kafkaio.producer(self.settings, f"rollstream-generator-{self.id}")
+        self.producer = kafka.producer(self.settings, f"rollstream-generator-{self.id}")
         await self.producer.start()
-        self.dead = kafkaio.DeadLetters(
+        self.dead = kafka.DeadLetters(
             self.settings, self.producer, f"generator {self.id}", m.DEAD_LETTERS.inc
         )
-        shapes = {k: tuple(v.shape) for k, v in self.policy.state_dict().items()}
+        ctx = episode.Context(self.settings, self, self.codec, self.id, self.producer, self.claim)
+        import_environments(self.cfg.environments)
+        self.episodes = Episodes(ctx)
+        shapes = {k: tuple(v.shape) for k, v in self.policy.weights().items()}
         self.watcher = WeightsWatcher(self.settings, shapes, self.dead)
         await self.watcher.start()
         self.consumer = self._task_consumer()
         await self.consumer.start()
 
-    def _task_consumer(self) -> Any:
-        from aiokafka import AIOKafkaConsumer
-
-        prefix = self.settings.topics.prefix
-        return AIOKafkaConsumer(
-            kafkaio.topic(self.settings, topics.TASKS),
-            bootstrap_servers=self.settings.kafka.endpoint,
-            client_id=f"rollstream-generator-{self.id}",
-            group_id=f"{prefix}.generators",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
+    def _task_consumer(self) -> AIOKafkaConsumer:
+        return kafka.consumer(
+            self.settings,
+            f"rollstream-generator-{self.id}",
+            kafka.topic(self.settings, topics.TASKS),
+            group_id=kafka.group(self.settings, topics.GENERATORS),
             max_poll_records=1,
         )
 
     async def close(self) -> None:
-        for part in (self.multiturn, self.watcher):
-            if part is not None:
-                await part.stop()
+        if self.episodes is not None:
+            await self.episodes.close()
+        if self.watcher is not None:
+            await self.watcher.stop()
         for client in (self.consumer, self.producer):
             if client is not None:
                 await client.stop()
@@ -203,7 +209,7 @@ class Generator:
         try:
             if rec.value is None:
                 raise SchemaError("bytes", "$", "empty record (tombstone) on tasks")
-            task = await self.claim.unpack(rec.value, Task)
+            task: Task = await self.claim.unpack(rec.value, Task)
         except SchemaError as exc:
             await self.dead.send(rec, f"undecodable Task: {exc}", exc)
             return None
@@ -217,29 +223,27 @@ class Generator:
     # -- sampling ------------------------------------------------------------------------
 
     async def rollout(self, task: Task, group_id: str) -> list[Trajectory]:
-        """Sample the task's group (after pacing); single- or multi-turn."""
+        """Sample the task's group (after pacing) with the environment that runs it."""
         await self.pace(task.group_size)
         if self._stop.is_set():
             return []
-        if task.max_turns > 1 and task.verifier.needs_sandbox:
-            return await self._multiturn().group(task, group_id)
-        prompt_ids = self.codec.prompt_ids(task)
+        assert self.episodes is not None
+        return await self.episodes.for_task(task).group(task, group_id)
+
+    # -- the episodes' Sampler -----------------------------------------------------------
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.policy.max_seq_len)
+
+    async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
+        """`n` completions of `context`, after swapping in newer verified weights (under
+        `lock`: a swap never splits a sequence)."""
         async with self.lock:
             await self.swap()
             version = self.version
-            completions = await asyncio.to_thread(self.sample, prompt_ids, task.group_size)
-        return [
-            episode.trajectory(
-                task,
-                group_id=group_id,
-                index=i,
-                prompt_ids=prompt_ids,
-                prompt_text=self.codec.text(prompt_ids),
-                parts=[self.turn(c, version)],
-                generator_id=self.id,
-            )
-            for i, c in enumerate(completions)
-        ]
+            completions = await asyncio.to_thread(self.sample, context, n)
+        return [self.turn(c, version) for c in completions]
 
     def sample(self, prompt_ids: list[int], n: int) -> list[Any]:
         """Completions of one prompt with the current weights (call under `lock`)."""
@@ -262,13 +266,6 @@ class Generator:
             text=self.codec.text(completion.tokens),
             finish_reason=completion.finish_reason,
         )
-
-    def _multiturn(self) -> Any:
-        if self.multiturn is None:
-            from services.rollout.multiturn import MultiTurn
-
-            self.multiturn = MultiTurn(self)
-        return self.multiturn
 
     async def swap(self) -> bool:
         """Load verified newer weights if there are any (call under `lock`, or before
@@ -295,7 +292,9 @@ class Generator:
         assert self.watcher is not None
         ls, started = self.settings.learner, time.monotonic()
         while not self._stop.is_set():
-            published = await kafkaio.record_count(self.consumer, self.trajectories_topic)
+            published = await kafka.record_count(
+                self.settings, self.consumer, self.trajectories_topic
+            )
             batch = pacing.batch_samples(
                 ls.batch_tokens, self.mean_tokens.value, self.cfg.batch_samples
             )

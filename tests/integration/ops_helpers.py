@@ -71,7 +71,7 @@ async def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     c = kafka_read.consumer(settings)
     await c.start()
     try:
-        spans = await kafka_read.spans(c, topic, kafka_read.Selection())
+        spans = await kafka_read.spans(settings, c, topic, kafka_read.Selection())
         return {s.partition: s.end for s in spans}
     finally:
         await c.stop()
