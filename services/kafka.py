@@ -218,7 +218,7 @@ class Follower:
         self.consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self, on_batch: Callable[[list[Any]], Awaitable[None]]) -> None:
+    async def start(self, on_batch: Callable[[list[KafkaRecord]], Awaitable[None]]) -> None:
         """Start the consumer, assign the partitions, then call `on_batch` with every batch
         of records fetched (empty ones too: a tick about every `timeout_ms`)."""
         self.consumer = consumer(self.settings, self.client_id)
@@ -227,7 +227,7 @@ class Follower:
         self._task = asyncio.create_task(self._run(self.consumer, on_batch), name=self.client_id)
 
     async def _run(
-        self, c: AIOKafkaConsumer, on_batch: Callable[[list[Any]], Awaitable[None]]
+        self, c: AIOKafkaConsumer, on_batch: Callable[[list[KafkaRecord]], Awaitable[None]]
     ) -> None:
         while True:
             try:

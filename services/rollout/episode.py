@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from schemas.arrays import pack_f32, pack_i32
 from schemas.chat import ChatMessage, ToolCall
@@ -25,6 +25,8 @@ from schemas.rollout import Task, Trajectory
 from schemas.sandbox import SandboxResult
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
     from schemas.claimcheck import ClaimCheck
     from services.rollout.textcodec import TextCodec
     from services.settings import Settings
@@ -157,8 +159,8 @@ class Context:
     sampler: Sampler
     codec: TextCodec
     generator_id: str
-    producer: Any
-    """The generator's started AIOKafkaProducer."""
+    producer: AIOKafkaProducer
+    """The generator's (started)."""
     claim: ClaimCheck
 
     def trajectory(

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from services.rollout.episodes import Episodes, import_environments
 from services.rollout.weights_watch import WeightsWatcher
 
 if TYPE_CHECKING:
+    import torch
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from learner.policy import Policy
@@ -62,6 +64,18 @@ class Summary:
     dead_letters: int = 0
 
 
+@dataclass
+class Parts:
+    """What a started generator samples, reads and publishes with."""
+
+    policy: Policy
+    codec: TextCodec
+    rng: torch.Generator
+    claim: ClaimCheck
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+
+
 class Generator:
     def __init__(
         self, settings: Settings, *, max_groups: int | None = None, idle_exit_s: float | None = None
@@ -78,12 +92,9 @@ class Generator:
         """Held while sampling and while swapping weights: a swap never splits a sequence."""
         self._stop = asyncio.Event()
         self.trajectories_topic = kafka.topic(settings, topics.TRAJECTORIES)
-        self.policy: Policy | Any = None
-        self.codec: TextCodec | Any = None
-        self.rng: Any = None
-        self.consumer: AIOKafkaConsumer | Any = None
-        self.producer: AIOKafkaProducer | Any = None
-        self.claim: ClaimCheck | Any = None
+        self._parts: Parts | None = None
+        self._closing: list[Callable[[], Awaitable[object]]] = []
+        """What start() started, to stop in reverse order."""
         self.watcher: WeightsWatcher | None = None
         self.dead: kafka.DeadLetters | None = None
         self.episodes: Episodes | None = None
@@ -102,25 +113,36 @@ class Generator:
         from services.rollout.textcodec import for_policy
 
         torch.set_num_threads(self.cfg.torch_threads)
-        self.policy = build_policy(policy_spec(self.settings.learner))
-        self.policy.train(False)
-        self.codec = for_policy(self.policy)
-        self.rng = torch.Generator()
-        self.rng.manual_seed(self.cfg.seed if self.cfg.seed is not None else time.time_ns())
-        self.claim = blobs.from_settings(self.settings)
-        self.producer = kafka.producer(self.settings, f"rollstream-generator-{self.id}")
-        await self.producer.start()
+        policy = build_policy(policy_spec(self.settings.learner))
+        policy.train(False)
+        codec = for_policy(policy)
+        rng = torch.Generator()
+        rng.manual_seed(self.cfg.seed if self.cfg.seed is not None else time.time_ns())
+        claim = blobs.from_settings(self.settings)
+        self._closing.append(claim.aclose)
+        producer = kafka.producer(self.settings, f"rollstream-generator-{self.id}")
+        await producer.start()
+        self._closing.append(producer.stop)
         self.dead = kafka.DeadLetters(
-            self.settings, self.producer, f"generator {self.id}", m.DEAD_LETTERS.inc
+            self.settings, producer, f"generator {self.id}", m.DEAD_LETTERS.inc
         )
-        ctx = episode.Context(self.settings, self, self.codec, self.id, self.producer, self.claim)
         import_environments(self.cfg.environments)
-        self.episodes = Episodes(ctx)
-        shapes = {k: tuple(v.shape) for k, v in self.policy.weights().items()}
+        self.episodes = Episodes(
+            episode.Context(self.settings, self, codec, self.id, producer, claim)
+        )
+        shapes = {k: tuple(v.shape) for k, v in policy.weights().items()}
         self.watcher = WeightsWatcher(self.settings, shapes, self.dead)
         await self.watcher.start()
-        self.consumer = self._task_consumer()
-        await self.consumer.start()
+        consumer = self._task_consumer()
+        await consumer.start()
+        self._closing.append(consumer.stop)
+        self._parts = Parts(policy, codec, rng, claim, producer, consumer)
+
+    @property
+    def parts(self) -> Parts:
+        if self._parts is None:
+            raise RuntimeError(f"generator {self.id} is not started")
+        return self._parts
 
     def _task_consumer(self) -> AIOKafkaConsumer:
         return kafka.consumer(
@@ -136,11 +158,8 @@ class Generator:
             await self.episodes.close()
         if self.watcher is not None:
             await self.watcher.stop()
-        for client in (self.consumer, self.producer):
-            if client is not None:
-                await client.stop()
-        if self.claim is not None:
-            await self.claim.aclose()
+        while self._closing:
+            await self._closing.pop()()
 
     async def run(self) -> Summary:
         """Start, then generate until stopped or a limit is reached."""
@@ -180,7 +199,7 @@ class Generator:
         while not self._stop.is_set():
             if self.max_groups is not None and self.summary.groups >= self.max_groups:
                 return
-            batches = await self.consumer.getmany(timeout_ms=500, max_records=1)
+            batches = await self.parts.consumer.getmany(timeout_ms=500, max_records=1)
             records = [r for rs in batches.values() for r in rs]
             if not records:
                 if self.idle_exit_s is not None and time.monotonic() - last_task > self.idle_exit_s:
@@ -202,20 +221,20 @@ class Generator:
                 return  # stopped before sampling: the task stays uncommitted for the next one
             await self.publish(group)
         tp = TopicPartition(rec.topic, rec.partition)
-        await self.consumer.commit({tp: rec.offset + 1})
+        await self.parts.consumer.commit({tp: rec.offset + 1})
 
     async def _decode(self, rec: Any) -> Task | None:
         assert self.dead is not None
         try:
             if rec.value is None:
                 raise SchemaError("bytes", "$", "empty record (tombstone) on tasks")
-            task: Task = await self.claim.unpack(rec.value, Task)
+            task: Task = await self.parts.claim.unpack(rec.value, Task)
         except SchemaError as exc:
             await self.dead.send(rec, f"undecodable Task: {exc}", exc)
             return None
-        room = self.policy.max_seq_len - len(self.codec.prompt_ids(task))
+        room = self.parts.policy.max_seq_len - len(self.parts.codec.prompt_ids(task))
         if room < 2:
-            why = f"prompt leaves {room} tokens under max_seq_len {self.policy.max_seq_len}"
+            why = f"prompt leaves {room} tokens under max_seq_len {self.parts.policy.max_seq_len}"
             await self.dead.send(rec, f"task {task.task_id} cannot be sampled: {why}")
             return None
         return task
@@ -234,7 +253,7 @@ class Generator:
 
     @property
     def max_seq_len(self) -> int:
-        return int(self.policy.max_seq_len)
+        return int(self.parts.policy.max_seq_len)
 
     async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
         """`n` completions of `context`, after swapping in newer verified weights (under
@@ -248,13 +267,13 @@ class Generator:
     def sample(self, prompt_ids: list[int], n: int) -> list[Any]:
         """Completions of one prompt with the current weights (call under `lock`)."""
         return list(
-            self.policy.sample(
+            self.parts.policy.sample(
                 prompt_ids,
                 n,
                 max_new_tokens=self.cfg.max_new_tokens,
                 temperature=self.settings.learner.temperature,
                 top_p=self.cfg.top_p,
-                generator=self.rng,
+                generator=self.parts.rng,
             )
         )
 
@@ -263,7 +282,7 @@ class Generator:
             tokens=list(completion.tokens),
             logprobs=list(completion.logprobs),
             version=version,
-            text=self.codec.text(completion.tokens),
+            text=self.parts.codec.text(completion.tokens),
             finish_reason=completion.finish_reason,
         )
 
@@ -274,7 +293,7 @@ class Generator:
         ready = self.watcher.take()
         if ready is None:
             return False
-        await asyncio.to_thread(self.policy.load_weights, ready.state)
+        await asyncio.to_thread(self.parts.policy.load_weights, ready.state)
         old, self.version = self.version, ready.update.version
         m.VERSION.set(self.version)
         if old >= 0:
@@ -293,7 +312,7 @@ class Generator:
         ls, started = self.settings.learner, time.monotonic()
         while not self._stop.is_set():
             published = await kafka.record_count(
-                self.settings, self.consumer, self.trajectories_topic
+                self.settings, self.parts.consumer, self.trajectories_topic
             )
             batch = pacing.batch_samples(
                 ls.batch_tokens, self.mean_tokens.value, self.cfg.batch_samples
@@ -317,9 +336,9 @@ class Generator:
         """Publish a group; returns when every member is acknowledged."""
         futures = []
         for traj in group:
-            value = await self.claim.pack(traj)
+            value = await self.parts.claim.pack(traj)
             key = traj.group_id.encode()
-            futures.append(await self.producer.send(self.trajectories_topic, value, key=key))
+            futures.append(await self.parts.producer.send(self.trajectories_topic, value, key=key))
         await asyncio.gather(*futures)
         s = self.summary
         s.groups += 1

@@ -47,7 +47,7 @@ class Monitor:
         if self._claim is not None:
             await self._claim.aclose()
 
-    async def _batch(self, records: list[Any]) -> None:
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
         now = time.time()
         for rec in records:
             try:

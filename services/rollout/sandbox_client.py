@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schemas import codec, topics
 from schemas.codec import SchemaError
@@ -19,6 +19,8 @@ from schemas.sandbox import SandboxRequest, SandboxResult
 from services import kafka
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
     from schemas.claimcheck import ClaimCheck
     from services.settings import Settings
 
@@ -26,7 +28,9 @@ log = logging.getLogger("rollstream.sandbox_client")
 
 
 class SandboxClient:
-    def __init__(self, settings: Settings, producer: Any, claim: ClaimCheck, name: str) -> None:
+    def __init__(
+        self, settings: Settings, producer: AIOKafkaProducer, claim: ClaimCheck, name: str
+    ) -> None:
         self.settings = settings
         self.producer = producer
         self.claim = claim
@@ -60,11 +64,11 @@ class SandboxClient:
         finally:
             self.waiting.pop(key, None)
 
-    async def _batch(self, records: list[Any]) -> None:
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
         for rec in records:  # on trouble, waiting requests time out on their own
             await self._deliver(rec)
 
-    async def _deliver(self, rec: Any) -> None:
+    async def _deliver(self, rec: kafka.KafkaRecord) -> None:
         if not self.waiting or rec.value is None:
             return
         try:

@@ -66,7 +66,7 @@ class WeightsWatcher:
     _failed: set[int] = field(default_factory=set)
     _follower: kafka.Follower | None = None
     _fetching: asyncio.Task[None] | None = None
-    _records: dict[int, Any] = field(default_factory=dict)
+    _records: dict[int, kafka.KafkaRecord] = field(default_factory=dict)
 
     async def start(self) -> None:
         names = [kafka.topic(self.settings, topics.WEIGHTS)]
@@ -88,7 +88,7 @@ class WeightsWatcher:
             self._loaded_version = ready.update.version
         return ready
 
-    async def _batch(self, records: list[Any]) -> None:
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
         for rec in records:
             await self._announcement(rec)
         want = self.announced
@@ -100,7 +100,7 @@ class WeightsWatcher:
         newest_known = max(self._loaded_version, self._ready.update.version if self._ready else -1)
         return version > newest_known and version not in self._failed
 
-    async def _announcement(self, rec: Any) -> None:
+    async def _announcement(self, rec: kafka.KafkaRecord) -> None:
         if rec.value is None:
             return  # a tombstone: compaction bookkeeping, nothing to load
         try:
