@@ -3,10 +3,11 @@
 Everything that talks to Kafka through aiokafka is built here, from the settings: the
 idempotent producer (acks=all), the transactional producer, consumers (group or group-less,
 read_committed, manual commits), the admin client; topic names and consumer group ids from
-the registry in schemas/topics.py; partitions through the public admin API; the one
-`Record` type; the one dead-letter sender. Lower packages never import this module: they
-declare small Protocols (the learner's LearnerIO, the sandbox worker's WorkerIO ...) and
-services/ passes them these clients.
+the registry in schemas/topics.py; partitions through the public admin API (cached per
+process), end-offset counts and a group's committed offsets; the `Follower` that tails
+whole topics in a task; the one `Record` type; the one dead-letter sender. Lower packages
+never import this module: they declare small Protocols (the learner's LearnerIO, the
+sandbox worker's WorkerIO ...) and services/ passes them these clients.
 
 aiokafka is imported inside the functions so that `rollstream --help` stays instant.
 """

@@ -211,7 +211,7 @@ class Generator:
             for rec in records:
                 await self._handle(rec)
 
-    async def _handle(self, rec: Any) -> None:
+    async def _handle(self, rec: kafka.KafkaRecord) -> None:
         from aiokafka import TopicPartition
 
         task = await self._decode(rec)
@@ -223,7 +223,7 @@ class Generator:
         tp = TopicPartition(rec.topic, rec.partition)
         await self.parts.consumer.commit({tp: rec.offset + 1})
 
-    async def _decode(self, rec: Any) -> Task | None:
+    async def _decode(self, rec: kafka.KafkaRecord) -> Task | None:
         assert self.dead is not None
         try:
             if rec.value is None:
