@@ -275,8 +275,8 @@ async def learner_committed(settings: Settings) -> dict[int, int] | None:
     from services import status
 
     rewards = topics.REWARDS.full_name(settings.topics.prefix)
-    learner_prefix = f"{settings.topics.prefix}.learner."
-    groups = await status.group_offsets(settings, lambda g: g.startswith(learner_prefix))
+    prefix = settings.topics.prefix
+    groups = await status.group_offsets(settings, lambda g: topics.LEARNER.matches(prefix, g))
     found: dict[int, int] = {}
     for offsets in groups.values():
         for (topic, partition), offset in offsets.items():

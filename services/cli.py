@@ -4,15 +4,14 @@ so `rollstream --help` never pays for torch, aiokafka, docker or pydantic."""
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
-if TYPE_CHECKING:
-    from services.settings import Settings
+from services.cli_common import root_options, settings_from
+
+__all__ = ["app", "main", "settings_from"]
 
 app = typer.Typer(
     name="rollstream",
@@ -27,41 +26,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(topics_app, name="topics")
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", metavar="FILE", help="TOML settings file (else ./rollstream.toml)."
-        ),
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set", metavar="KEY=VALUE", help="Override a setting: section.key=value (repeatable)."
-        ),
-    ] = None,
-) -> None:
-    ctx.obj = {"config": config, "set": list(set_ or [])}
-
-
-def settings_from(ctx: typer.Context, **flags: Any) -> Settings:
-    """Load settings with the CLI layer on top: --set pairs, then this command's flags."""
-    from pydantic import ValidationError
-
-    from services.settings import CONFIG_ENV, load
-
-    obj = ctx.find_root().obj or {}
-    if obj.get("config") is not None:  # services this command starts inherit the file
-        os.environ[CONFIG_ENV] = str(Path(obj["config"]).resolve())
-    pairs = list(obj.get("set", []))
-    pairs += [f"{k}={v}" for k, v in flags.items() if v is not None]
-    try:
-        return load(pairs, obj.get("config"))
-    except (ValidationError, ValueError, FileNotFoundError) as exc:
-        typer.echo(f"rollstream: invalid settings:\n{exc}", err=True)
-        raise typer.Exit(2) from exc
+app.callback()(root_options)
 
 
 def _print_checks(checks: list[Any], as_json: bool) -> None:

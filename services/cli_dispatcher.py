@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the reward dispatcher: trajectories -> sandbox -> rewards (a faust worker)."""
-        from services.cli import settings_from
+        from services.cli_common import settings_from
         from streams.service import run
 
         settings = settings_from(

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
     ) -> None:
         """Run the asynchronous off-policy learner: rewards -> updates -> weights + ledger."""
-        from services.cli import settings_from
+        from services.cli_common import settings_from
 
         _logging(log_level)
         overrides = {

@@ -33,7 +33,7 @@ Partitions = Annotated[
 
 
 def _settings(ctx: typer.Context, **flags: Any) -> Settings:
-    from services.cli import settings_from
+    from services.cli_common import settings_from
 
     return settings_from(ctx, **flags)
 

@@ -48,7 +48,7 @@ def generator(
     """Run a rollout generator: tasks -> sampled groups -> trajectories (weights hot-swapped)."""
     import asyncio
 
-    from services.cli import settings_from
+    from services.cli_common import settings_from
     from services.rollout.generator import run_service
 
     _logging(log_level)
@@ -83,7 +83,7 @@ def feeder(
     """Run the task feeder: admitted tasks from built-in suites and JSONL files -> tasks."""
     import asyncio
 
-    from services.cli import settings_from
+    from services.cli_common import settings_from
     from services.rollout.feeder import run_service
 
     _logging(log_level)
@@ -120,11 +120,11 @@ def register(app: typer.Typer) -> None:
 
 def main() -> None:
     """`python -m services.cli_rollout ...`: these commands under the root app's options."""
-    from services.cli import app
+    from services.cli_common import root_options
 
-    names = {c.name for c in app.registered_commands}
-    if "generator" not in names:
-        register(app)
+    app = typer.Typer(name="rollstream", no_args_is_help=True, add_completion=False)
+    app.callback()(root_options)
+    register(app)
     app()
 
 

@@ -108,7 +108,7 @@ def exec_(
 
     from sandbox_workers.rewards import reward
     from sandbox_workers.sandbox import docker_sandbox
-    from services.cli import settings_from
+    from services.cli_common import settings_from
 
     settings = settings_from(ctx, **{"sandbox.pool_size": 1})
     request = _request(
@@ -136,7 +136,7 @@ def exec_(
 def reap(ctx: typer.Context) -> None:
     """Remove sandbox containers whose owning worker on this host is gone."""
     from sandbox_workers.reaper import reap_orphans
-    from services.cli import settings_from
+    from services.cli_common import settings_from
     from services.infra import docker_engine
 
     client = docker_engine.client(settings_from(ctx))
@@ -170,7 +170,7 @@ def worker(
         signal.signal(sig, lambda signum, _frame: early.append(signum))
 
     from sandbox_workers.service import serve
-    from services.cli import settings_from
+    from services.cli_common import settings_from
 
     settings = settings_from(
         ctx,

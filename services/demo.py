@@ -167,7 +167,7 @@ class Demo:
         text = for_policy(policy)
         if self.initial_state is not None:
             policy.load_weights(self.initial_state)
-            policy.eval()
+            policy.train(False)
             return policy, text
         t0 = time.monotonic()
 
@@ -287,7 +287,7 @@ class Demo:
             fetch, update.uri, update.sha256, redis_url=self.s.redis.endpoint
         )
         policy.load_weights(state)
-        policy.eval()
+        policy.train(False)
         self.final_version = update.version
         self.after = await self._evaluate(policy, text, "after")
 

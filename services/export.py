@@ -86,14 +86,10 @@ async def export(
     report = ExportReport(name, str(out), kind)
     rows: list[tuple[kafka_read.Record, Message]] = []
     claim = blobs.from_settings(settings)
-    c = kafka_read.consumer(settings)
-    await c.start()
     try:
-        if not await kafka_read.topic_exists(c, name):
-            raise ValueError(f"topic {name} does not exist")
-        spans = await kafka_read.spans(settings, c, name, selection or kafka_read.Selection())
         with _AtomicFile(out, compress=kind != "parquet") as fh:
-            async for rec in kafka_read.read(c, name, spans, settings.replay.read_timeout_s):
+            timeout = settings.replay.read_timeout_s
+            async for rec in kafka_read.records(settings, name, selection, timeout):
                 msg = await _decode(claim, rec, report)
                 if msg is None:
                     continue
@@ -106,7 +102,6 @@ async def export(
             if kind == "parquet":
                 _write_parquet(fh, rows)
     finally:
-        await c.stop()
         await claim.aclose()
     return report
 

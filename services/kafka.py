@@ -3,10 +3,11 @@
 Everything that talks to Kafka through aiokafka is built here, from the settings: the
 idempotent producer (acks=all), the transactional producer, consumers (group or group-less,
 read_committed, manual commits), the admin client; topic names and consumer group ids from
-the registry in schemas/topics.py; partitions through the public admin API; the one
-`Record` type; the one dead-letter sender. Lower packages never import this module: they
-declare small Protocols (the learner's LearnerIO, the sandbox worker's WorkerIO ...) and
-services/ passes them these clients.
+the registry in schemas/topics.py; partitions through the public admin API (cached per
+process), end-offset counts and a group's committed offsets; the `Follower` that tails
+whole topics in a task; the one `Record` type; the one dead-letter sender. Lower packages
+never import this module: they declare small Protocols (the learner's LearnerIO, the
+sandbox worker's WorkerIO ...) and services/ passes them these clients.
 
 aiokafka is imported inside the functions so that `rollstream --help` stays instant.
 """
@@ -14,10 +15,11 @@ aiokafka is imported inside the functions so that `rollstream --help` stays inst
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from schemas import topics
 from schemas.deadletter import publish_dead_letter
@@ -32,6 +34,8 @@ MAX_REQUEST_BYTES = 8 << 20
 """Largest record a producer sends (bigger payloads travel by claim check)."""
 FETCH_PARTITION_BYTES = 16 << 20
 FETCH_BYTES = 64 << 20
+
+log = logging.getLogger("rollstream.kafka")
 
 
 def _quiet(level: int = logging.WARNING) -> None:
@@ -115,9 +119,23 @@ def admin(settings: Settings, request_timeout_ms: int = 15000) -> AIOKafkaAdminC
     )
 
 
+_PARTITIONS: dict[tuple[str, str], list[int]] = {}
+"""Partition ids already looked up, by (bootstrap, topic): a topic's partitions are fixed
+at creation (topics ensure), and pacing and backlogs count end offsets every half second."""
+
+
 async def partitions(settings: Settings, name: str, timeout_s: float = 15.0) -> list[int]:
     """Partition ids of topic `name`, through the admin API's metadata (retried until the
     topic exists or `timeout_s` passes: a topic just created takes a moment to appear)."""
+    key = (settings.kafka.endpoint, name)
+    if key in _PARTITIONS:
+        return list(_PARTITIONS[key])
+    parts = await _describe_partitions(settings, name, timeout_s)
+    _PARTITIONS[key] = parts
+    return list(parts)
+
+
+async def _describe_partitions(settings: Settings, name: str, timeout_s: float) -> list[int]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     client = admin(settings)
@@ -174,6 +192,76 @@ async def record_count(settings: Settings, client: AIOKafkaConsumer, name: str) 
     return int(sum(ends.values()))
 
 
+async def committed(admin_client: AIOKafkaAdminClient, group_id: str, name: str) -> int:
+    """Offsets a consumer group has committed on topic `name`, summed over partitions (what
+    it has taken of the records ever written)."""
+    offsets = await admin_client.list_consumer_group_offsets(group_id)
+    return sum(max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == name)
+
+
+class Follower:
+    """A group-less consumer following whole topics (from their beginning or their end) and
+    the task that reads it, batch by batch: the weights watcher, the sandbox client and the
+    demo monitor. Kafka trouble is logged and the read retried a second later."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client_id: str,
+        names: list[str],
+        at: Literal["beginning", "end"] = "beginning",
+        *,
+        timeout_ms: int = 500,
+        max_records: int | None = None,
+    ) -> None:
+        self.settings, self.client_id, self.names, self.at = settings, client_id, names, at
+        self.timeout_ms, self.max_records = timeout_ms, max_records
+        self.consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, on_batch: Callable[[list[KafkaRecord]], Awaitable[None]]) -> None:
+        """Start the consumer, assign the partitions, then call `on_batch` with every batch
+        of records fetched (empty ones too: a tick about every `timeout_ms`)."""
+        self.consumer = consumer(self.settings, self.client_id)
+        await self.consumer.start()
+        await assign_all(self.settings, self.consumer, self.names, self.at)
+        self._task = asyncio.create_task(self._run(self.consumer, on_batch), name=self.client_id)
+
+    async def _run(
+        self, c: AIOKafkaConsumer, on_batch: Callable[[list[KafkaRecord]], Awaitable[None]]
+    ) -> None:
+        while True:
+            try:
+                batches = await c.getmany(timeout_ms=self.timeout_ms, max_records=self.max_records)
+                await on_batch([r for rs in batches.values() for r in rs])
+            except Exception:
+                log.exception("%s: reading %s failed; retrying", self.client_id, self.names)
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
+class KafkaRecord(Protocol):
+    """What a record read from Kafka offers (an aiokafka ConsumerRecord, a Record)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One Kafka record as read: the only record type the services pass around."""
@@ -186,7 +274,7 @@ class Record:
     value: bytes | None
 
     @classmethod
-    def of(cls, msg: Any) -> Record:
+    def of(cls, msg: KafkaRecord) -> Record:
         """From an aiokafka ConsumerRecord (or anything with the same attributes)."""
         return cls(
             topic=msg.topic,
@@ -205,7 +293,7 @@ class DeadLetters:
     def __init__(
         self,
         settings: Settings,
-        producer: Any,
+        producer: AIOKafkaProducer,
         consumer: str,
         on_send: Callable[[], object] | None = None,
         prefix: str | None = None,
@@ -219,23 +307,26 @@ class DeadLetters:
         self.count = 0
 
     async def send(
-        self, record: Any, reason: str, error: BaseException | None = None, *, source: str = ""
+        self,
+        record: KafkaRecord | tuple[int, str | bytes],
+        reason: str,
+        error: BaseException | None = None,
+        *,
+        source: str = "",
     ) -> None:
         """Dead-letter a Kafka record (anything with topic, partition, offset, key, value),
         or, with `source` (a file name), a line of that file: record is then (number, text)."""
         self.count += 1
         if self.on_send is not None:
             self.on_send()
-        if source:
+        key: bytes | None
+        value: bytes | None
+        if isinstance(record, tuple):
             number, text = record
-            where = {"source_topic": source, "partition": 0, "offset": int(number)}
+            where, partition, offset = source, 0, int(number)
             key, value = None, text.encode() if isinstance(text, str) else bytes(text)
         else:
-            where = {
-                "source_topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
-            }
+            where, partition, offset = record.topic, record.partition, record.offset
             key, value = record.key, record.value
         await publish_dead_letter(
             self.producer,
@@ -245,5 +336,7 @@ class DeadLetters:
             value=value,
             consumer=self.consumer,
             error=error,
-            **where,
+            source_topic=where,
+            partition=partition,
+            offset=offset,
         )

@@ -11,25 +11,19 @@ consumer group: nothing is committed, no running service is disturbed.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from services import kafka
+from services.kafka import Record
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
     from services.settings import Settings
 
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One Kafka record as read."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
+__all__ = ["Record", "Selection", "Span", "plan_span", "read", "read_topic", "records", "spans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,32 +78,20 @@ def plan_span(
     return Span(partition, start, max(start, end))
 
 
-def consumer(settings: Settings, **extra: Any) -> Any:
-    """A group-less, read_committed consumer (not started)."""
-    from aiokafka import AIOKafkaConsumer
-
-    logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka.endpoint,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        max_partition_fetch_bytes=16 << 20,
-        fetch_max_bytes=64 << 20,
-        **extra,
-    )
+def consumer(settings: Settings) -> AIOKafkaConsumer:
+    """A group-less, read_committed consumer for reading spans (not started)."""
+    return kafka.consumer(settings, "rollstream-read")
 
 
-async def topic_exists(c: Any, topic: str) -> bool:
+async def topic_exists(c: AIOKafkaConsumer, topic: str) -> bool:
     return topic in await c.topics()
 
 
-async def spans(settings: Settings, c: Any, topic: str, sel: Selection) -> list[Span]:
+async def spans(settings: Settings, c: AIOKafkaConsumer, topic: str, sel: Selection) -> list[Span]:
     """The span of every selected partition of `topic` (a started consumer `c`)."""
     from aiokafka import TopicPartition
 
-    from services.kafka import partitions
-
-    parts = await partitions(settings, topic)
+    parts = await kafka.partitions(settings, topic)
     if sel.partitions is not None:
         missing = sorted(set(sel.partitions) - set(parts))
         if missing:
@@ -126,7 +108,9 @@ async def spans(settings: Settings, c: Any, topic: str, sel: Selection) -> list[
     ]
 
 
-async def _times(c: Any, tps: list[Any], ms: int | None) -> dict[Any, int | None]:
+async def _times(
+    c: AIOKafkaConsumer, tps: list[TopicPartition], ms: int | None
+) -> dict[TopicPartition, int | None]:
     if ms is None:
         return {}
     found = await c.offsets_for_times({tp: max(0, ms) for tp in tps})
@@ -134,7 +118,7 @@ async def _times(c: Any, tps: list[Any], ms: int | None) -> dict[Any, int | None
 
 
 async def read(
-    c: Any, topic: str, selected: list[Span], timeout_s: float = 120.0
+    c: AIOKafkaConsumer, topic: str, selected: list[Span], timeout_s: float = 120.0
 ) -> AsyncIterator[Record]:
     """Every record of `selected`, partition by partition interleaved as fetched. Raises
     TimeoutError when the spans are not read within `timeout_s`."""
@@ -155,22 +139,45 @@ async def read(
             end = todo[tp].end if tp in todo else -1
             for m in msgs:
                 if m.offset < end:
-                    yield Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value)
+                    yield Record.of(m)
         for tp in list(todo):  # transaction markers take offsets: compare positions
             if await c.position(tp) >= todo[tp].end:
                 del todo[tp]
+
+
+async def records(
+    settings: Settings,
+    topic: str,
+    sel: Selection | list[Span] | None = None,
+    timeout_s: float = 120.0,
+    *,
+    missing_ok: bool = False,
+    planned: Callable[[list[Span]], object] | None = None,
+) -> AsyncIterator[Record]:
+    """Every selected record of `topic`: a Selection (planned into spans now, then passed to
+    `planned`) or spans planned before. A missing topic yields nothing with `missing_ok`,
+    else raises ValueError."""
+    c = consumer(settings)
+    await c.start()
+    try:
+        if not await topic_exists(c, topic):
+            if missing_ok:
+                return
+            raise ValueError(f"topic {topic} does not exist")
+        if isinstance(sel, list):
+            chosen = sel
+        else:
+            chosen = await spans(settings, c, topic, sel or Selection())
+            if planned is not None:
+                planned(chosen)
+        async for rec in read(c, topic, chosen, timeout_s):
+            yield rec
+    finally:
+        await c.stop()
 
 
 async def read_topic(
     settings: Settings, topic: str, sel: Selection | None = None, timeout_s: float = 120.0
 ) -> list[Record]:
     """Every selected record of `topic` (empty when the topic does not exist)."""
-    c = consumer(settings)
-    await c.start()
-    try:
-        if not await topic_exists(c, topic):
-            return []
-        chosen = await spans(settings, c, topic, sel or Selection())
-        return [r async for r in read(c, topic, chosen, timeout_s)]
-    finally:
-        await c.stop()
+    return [r async for r in records(settings, topic, sel, timeout_s, missing_ok=True)]

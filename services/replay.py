@@ -113,22 +113,18 @@ class _Reader:
                 for entry in logfiles.read_file(path):
                     yield entry.message
             return
-        name = self.source.name
-        c = kafka_read.consumer(self.settings)
-        await c.start()
-        try:
-            if not await kafka_read.topic_exists(c, name):
-                raise ValueError(f"topic {name} does not exist")
-            if self.spans is None:
-                self.spans = await kafka_read.spans(self.settings, c, name, self.source.selection)
-            timeout = self.settings.replay.read_timeout_s
-            async for rec in kafka_read.read(c, name, self.spans, timeout):
-                try:
-                    yield await self.claim.unpack(rec.value or b"")
-                except codec.SchemaError as exc:
-                    skipped[f"undecodable: {exc.where}: {exc.why}"[:160]] += 1
-        finally:
-            await c.stop()
+        name, timeout = self.source.name, self.settings.replay.read_timeout_s
+        sel = self.spans if self.spans is not None else self.source.selection
+        async for rec in kafka_read.records(
+            self.settings, name, sel, timeout, planned=self._planned
+        ):
+            try:
+                yield await self.claim.unpack(rec.value or b"")
+            except codec.SchemaError as exc:
+                skipped[f"undecodable: {exc.where}: {exc.why}"[:160]] += 1
+
+    def _planned(self, spans: list[kafka_read.Span]) -> None:
+        self.spans = spans
 
 
 def _trajectory(msg: Message, skipped: Counter[str], need_scored: bool) -> Trajectory | None:
@@ -259,15 +255,9 @@ class _Sink:
         self.producer: Any = None
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaProducer
+        from services import kafka
 
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka.endpoint,
-            acks="all",
-            enable_idempotence=True,
-            max_request_size=8 << 20,
-            client_id="rollstream-replay",
-        )
+        self.producer = kafka.producer(self.settings, "rollstream-replay")
         await self.producer.start()
 
     async def send(self, key: str, msg: Message) -> None:

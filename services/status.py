@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 from schemas import codec, topics
 from schemas.learning import WeightUpdate
 from schemas.rollout import ScoredTrajectory
+from services import kafka
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
+
     from services.settings import Settings
 
 TopicPart = tuple[str, int]
@@ -103,20 +106,11 @@ def staleness(current_version: int, sample_versions: Sequence[int]) -> dict[str,
 # -- Kafka ------------------------------------------------------------------------------
 
 
-def _admin(settings: Settings) -> Any:
-    import logging
-
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka.endpoint, request_timeout_ms=15000)
-
-
 async def group_offsets(
     settings: Settings, want: Callable[[str], bool]
 ) -> dict[str, dict[TopicPart, int]]:
     """Committed offsets of the consumer groups whose id `want` accepts."""
-    admin = _admin(settings)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         ids = [g[0] for g in await admin.list_consumer_groups() if want(str(g[0]))]
@@ -132,7 +126,7 @@ async def group_offsets(
 async def _members(settings: Settings, ids: list[str]) -> dict[str, tuple[int, str]]:
     if not ids:
         return {}
-    admin = _admin(settings)
+    admin = kafka.admin(settings)
     await admin.start()
     out: dict[str, tuple[int, str]] = {}
     try:
@@ -145,15 +139,11 @@ async def _members(settings: Settings, ids: list[str]) -> dict[str, tuple[int, s
     return out
 
 
-async def _offsets(settings: Settings, c: Any, names: list[str], since_ms: int) -> dict[str, Any]:
-    from aiokafka import TopicPartition
-
-    from services.kafka import partitions
-
+async def _offsets(
+    settings: Settings, c: AIOKafkaConsumer, names: list[str], since_ms: int
+) -> dict[str, Any]:
     existing = await c.topics()
-    tps = [
-        TopicPartition(n, p) for n in names if n in existing for p in await partitions(settings, n)
-    ]
+    tps = await kafka.topic_partitions(settings, [n for n in names if n in existing])
     if not tps:
         return {"low": {}, "high": {}, "since": {}}
     since = await c.offsets_for_times({tp: since_ms for tp in tps})
@@ -277,7 +267,8 @@ async def _count(c: Any, topic: str, off: dict[str, Any], estimate: int) -> int:
 
 
 async def _fill_extras(snap: Snapshot, settings: Settings) -> None:
-    worker_group = next((g for g in snap.groups if g.group.endswith(".sandbox-workers")), None)
+    workers = topics.SANDBOX_WORKERS
+    worker_group = next((g for g in snap.groups if workers.matches(snap.prefix, g.group)), None)
     snap.sandbox = {
         "workers": worker_group.members if worker_group else 0,
         "backlog": sum(worker_group.lag.values()) if worker_group else 0,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from dataclasses import dataclass, field
 
 from schemas import topics as registry
+from services import kafka
 from services.infra.common import Check
 from services.settings import Settings
 
@@ -39,13 +39,6 @@ class TopicState:
         return out
 
 
-def _admin(settings: Settings):  # type: ignore[no-untyped-def]
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka.endpoint, request_timeout_ms=15000)
-
-
 async def describe(settings: Settings, prefix: str | None = None) -> list[TopicState]:
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -54,7 +47,7 @@ async def describe(settings: Settings, prefix: str | None = None) -> list[TopicS
         TopicState(s.full_name(prefix), s, s.partition_count(settings.topics.partitions))
         for s in registry.ALL
     ]
-    admin = _admin(settings)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -85,7 +78,7 @@ async def ensure(settings: Settings, prefix: str | None = None) -> list[TopicSta
     states = await describe(settings, prefix)
     missing = [s for s in states if not s.exists]
     if missing:
-        admin = _admin(settings)
+        admin = kafka.admin(settings)
         await admin.start()
         try:
             for s in missing:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import shutil
 import subprocess
 import time
@@ -116,15 +115,11 @@ def ensure_formatted(settings: Settings, lib: Path) -> Path:
     return props
 
 
-async def _describe(bootstrap: str, timeout_s: float) -> dict[str, object]:
-    from aiokafka.admin import AIOKafkaAdminClient
+async def _describe(settings: Settings, timeout_s: float) -> dict[str, object]:
+    from services import kafka
 
-    # A broker that is down is reported by the Check; aiokafka's own error log is noise here.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000)
-    )
+    # A broker that is down is reported by the Check (kafka.admin quiets aiokafka's log).
+    admin = kafka.admin(settings, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         info = await asyncio.wait_for(admin.describe_cluster(), timeout_s)
@@ -142,7 +137,7 @@ def probe(settings: Settings, timeout_s: float = 5.0) -> Check:
     if k.managed:
         check.version = k.version
     try:
-        info = asyncio.run(_describe(k.endpoint, timeout_s))
+        info = asyncio.run(_describe(settings, timeout_s))
     except Exception as exc:
         check.detail = f"not answering at {k.endpoint}: {type(exc).__name__}: {exc}".strip()
         if k.managed:

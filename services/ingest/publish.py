@@ -4,7 +4,6 @@ check, behind a small protocol so the HTTP layer can be tested with an in-memory
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from schemas import topics
@@ -30,19 +29,10 @@ class KafkaPublisher:
         self.claim: Any = None
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaProducer
+        from services import blobs, kafka
 
-        from services import blobs
-
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
         self.claim = blobs.from_settings(self.settings)
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka.endpoint,
-            acks="all",
-            enable_idempotence=True,
-            max_request_size=8 << 20,
-            client_id="rollstream-ingest",
-        )
+        self.producer = kafka.producer(self.settings, "rollstream-ingest")
         await self.producer.start()
 
     async def stop(self) -> None:

@@ -20,12 +20,18 @@ class GeneratorSettings(Section):
     max_new_tokens: int = Field(default=64, ge=1)
     """Tokens sampled per assistant turn at most (finish_reason `length` when reached)."""
     max_turns: int = Field(default=4, ge=1, le=256)
-    """Cap on a task's `max_turns` (multi-turn episodes through the sandbox tier)."""
+    """Cap on a task's `max_turns` (multi-turn episodes through the sandbox tier, tool
+    calling)."""
     turn_timeout_s: float = Field(default=60.0, gt=0)
     """Multi-turn: how long a turn waits for its sandbox result before the episode ends
     there (finish_reason `turn_timeout`)."""
     observation_chars: int = Field(default=400, ge=0)
-    """Multi-turn: most characters of a sandbox verdict appended as the observation."""
+    """Multi-turn and tool calling: most characters of a sandbox verdict or a tool's result
+    appended as the observation."""
+    environments: list[str] = Field(default_factory=list)
+    """Python modules imported when the generator starts, each registering its episode
+    environments with `services.rollout.episodes.register` (README: Adding an
+    environment)."""
     pacing: bool = True
     """Admission control: stay at most (learner.max_lag + 1) x batch trajectories ahead of
     the learner's published samples_consumed."""
@@ -47,6 +53,11 @@ class GeneratorSettings(Section):
     """Name of this generator in trajectories and logs. Unset: host:pid."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_forms(cls, data: Any) -> Any:
+        return _parse_text_fields(data, maps=(), lists=("environments",))
 
 
 class FeederSettings(Section):

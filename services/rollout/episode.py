@@ -1,20 +1,35 @@
-"""From sampled turns to a Trajectory message, pure (DESIGN.md sections 2 and 7).
+"""The Episode protocol and the pieces every episode is made of (DESIGN.md sections 2, 7).
 
-An episode is the prompt, then assistant turns, and in multi-turn mode the sandbox's
-observation between two turns. The trajectory's completion is everything after the
-prompt; per completion token it carries the behaviour logprob (0.0 on observation
-tokens), the policy version that sampled it (-1 on observation tokens) and, when there
-are observations, the mask of sampled tokens (1) versus inserted ones (0).
+An episode is the prompt, then assistant turns, and between two turns what the
+environment answered (the sandbox's verdict, a tool's result): an observation. The
+trajectory's completion is everything after the prompt; per completion token it carries
+the behaviour logprob (0.0 on observation tokens), the policy version that sampled it (-1
+on observation tokens) and, when there are observations, the mask of sampled tokens (1)
+versus inserted ones (0).
+
+An environment is one class implementing `Episode` (services/rollout/episodes.py holds
+the registry, the generator asks it which episode runs a task): it samples turns through
+the generator's `Sampler` and builds its trajectories with `Context.trajectory`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from schemas.arrays import pack_f32, pack_i32
-from schemas.chat import ChatMessage
+from schemas.chat import ChatMessage, ToolCall
+from schemas.envelope import new_id
 from schemas.rollout import Task, Trajectory
 from schemas.sandbox import SandboxResult
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
+    from schemas.claimcheck import ClaimCheck
+    from services.rollout.textcodec import TextCodec
+    from services.settings import Settings
 
 
 @dataclass
@@ -27,6 +42,8 @@ class Turn:
     """Policy version that sampled every token of this turn (weights swap between turns)."""
     text: str
     finish_reason: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """The tool calls the turn made (tool-calling episodes)."""
 
 
 @dataclass
@@ -35,6 +52,10 @@ class Observation:
 
     tokens: list[int]
     text: str
+    role: str = "user"
+    """Chat role of the observation: `user` (sandbox verdicts), `tool` (a tool's result)."""
+    tool_call_id: str | None = None
+    """For role `tool`: the call it answers."""
 
 
 Part = Turn | Observation
@@ -70,16 +91,18 @@ def trajectory(
             logprobs += part.logprobs
             versions += [part.version] * n
             mask += [1] * n
-            messages.append(ChatMessage(role="assistant", content=part.text))
+            calls = list(part.tool_calls)
+            messages.append(ChatMessage(role="assistant", content=part.text, tool_calls=calls))
         else:
             logprobs += [0.0] * n
             versions += [-1] * n
             mask += [0] * n
-            messages.append(ChatMessage(role="user", content=part.text))
+            messages.append(
+                ChatMessage(role=part.role, content=part.text, tool_call_id=part.tool_call_id)
+            )
     observed = any(isinstance(p, Observation) for p in parts)
-    extra = {"id": trajectory_id} if trajectory_id else {}
     return Trajectory(
-        **extra,
+        id=trajectory_id or new_id(),
         task_id=task.task_id,
         suite=task.suite,
         group_id=group_id,
@@ -110,3 +133,107 @@ def observation_text(result: SandboxResult | None, max_chars: int) -> str:
         if extra:
             body += f"; {extra}"
     return f"\n# sandbox: {body[:max_chars]}\n"
+
+
+# -- the protocol -------------------------------------------------------------------------
+
+
+class Sampler(Protocol):
+    """What an episode samples with: the generator's policy, under its lock."""
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    async def turns(self, context: list[int], n: int) -> list[Turn]:
+        """`n` completions of the token ids `context`, with the newest verified weights
+        (swapped in first, never during a sequence); each turn records its version."""
+        ...
+
+
+@dataclass
+class Context:
+    """What an episode may use: the run's settings, the generator's sampler and text codec,
+    and the producer and claim check (to reach the sandbox tier over Kafka)."""
+
+    settings: Settings
+    sampler: Sampler
+    codec: TextCodec
+    generator_id: str
+    producer: AIOKafkaProducer
+    """The generator's (started)."""
+    claim: ClaimCheck
+
+    def trajectory(
+        self,
+        task: Task,
+        group_id: str,
+        index: int,
+        prompt_ids: list[int],
+        parts: list[Part],
+        finish_reason: str | None = None,
+        trajectory_id: str | None = None,
+    ) -> Trajectory:
+        return trajectory(
+            task,
+            group_id=group_id,
+            index=index,
+            prompt_ids=prompt_ids,
+            prompt_text=self.codec.text(prompt_ids),
+            parts=parts,
+            generator_id=self.generator_id,
+            finish_reason=finish_reason,
+            trajectory_id=trajectory_id,
+        )
+
+
+class Episode(Protocol):
+    """One kind of environment (single turn, multi-turn with the sandbox, tool calling ...):
+    the generator picks the first registered kind whose `accepts` takes the task, builds it
+    once with the Context, and runs every such task's group through `group`."""
+
+    def __init__(self, ctx: Context) -> None: ...
+
+    @classmethod
+    def accepts(cls, task: Task) -> bool:
+        """Whether this environment runs `task`."""
+        ...
+
+    async def group(self, task: Task, group_id: str) -> list[Trajectory]:
+        """The task's group: `task.group_size` trajectories (index 0 .. group_size - 1)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the episode started (clients, tasks)."""
+        ...
+
+
+Step = Callable[[int, Turn], Awaitable[tuple[list[Observation], str | None]]]
+"""After turn `t` (not the last): the observations to append (none: the episode ends) and
+the finish reason (set: the episode ends after them)."""
+
+
+async def turn_loop(
+    ctx: Context, prompt_ids: list[int], max_turns: int, step: Step
+) -> tuple[list[Part], str | None]:
+    """The parts of a multi-turn episode and its finish reason: sample a turn; after every
+    turn but the last, `step` answers it; `length` when the answer does not fit under
+    max_seq_len, `turn_limit` when the budget runs out."""
+    parts: list[Part] = []
+    context = list(prompt_ids)
+    for t in range(max_turns):
+        (turn,) = await ctx.sampler.turns(context, 1)
+        parts.append(turn)
+        context += turn.tokens
+        if t == max_turns - 1:
+            return parts, ("turn_limit" if max_turns > 1 else None)
+        observations, reason = await step(t, turn)
+        if not observations:
+            return parts, reason
+        tokens = [tok for obs in observations for tok in obs.tokens]
+        if len(context) + len(tokens) + 2 > ctx.sampler.max_seq_len:
+            return parts, "length"
+        parts += observations
+        context += tokens
+        if reason is not None:
+            return parts, reason
+    return parts, None

@@ -36,8 +36,8 @@ from schemas.codec import SchemaError
 from schemas.envelope import new_id, now
 from schemas.rollout import ScoredTrajectory, Task
 from schemas.sandbox import Outcome, SandboxRequest
-from services import suites
-from services.rollout import admission, kafkaio
+from services import kafka, suites
+from services.rollout import admission
 from services.rollout.sampler import GroupTally, SuiteSampler, adapt_multipliers
 from streams.groups import extract_code
 
@@ -65,8 +65,8 @@ class Feeder:
         self.registry = default_registry()
         self.sampler = SuiteSampler(self.cfg.suites, seed=self.cfg.seed)
         self.summary = Summary()
-        self.tasks_topic = kafkaio.topic(settings, topics.TASKS)
-        self.group = f"{settings.topics.prefix}.generators"
+        self.tasks_topic = kafka.topic(settings, topics.TASKS)
+        self.group = kafka.group(settings, topics.GENERATORS)
         self._stop = asyncio.Event()
         self._admitting: asyncio.Task[None] | None = None
         self._adapting: asyncio.Task[None] | None = None
@@ -78,7 +78,7 @@ class Feeder:
         self.admin: Any = None
         self.claim: Any = None
         self.client: SandboxClient | None = None
-        self.dead: kafkaio.DeadLetters | None = None
+        self.dead: kafka.DeadLetters | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -182,17 +182,15 @@ class Feeder:
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient
-
         from services import blobs
 
         self.claim = blobs.from_settings(self.settings)
-        self.producer = kafkaio.producer(self.settings, "rollstream-feeder")
+        self.producer = kafka.producer(self.settings, "rollstream-feeder")
         await self.producer.start()
-        self.dead = kafkaio.DeadLetters(self.settings, self.producer, "feeder")
-        self.reader = kafkaio.reader(self.settings, "rollstream-feeder-counts")
+        self.dead = kafka.DeadLetters(self.settings, self.producer, "feeder")
+        self.reader = kafka.consumer(self.settings, "rollstream-feeder-counts")
         await self.reader.start()
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka.endpoint)
+        self.admin = kafka.admin(self.settings)
         await self.admin.start()
 
     async def close(self) -> None:
@@ -260,21 +258,15 @@ class Feeder:
 
     async def backlog(self) -> int:
         """Tasks published but not yet committed by the generators' consumer group."""
-        published = await kafkaio.record_count(self.settings, self.reader, self.tasks_topic)
-        offsets = await self.admin.list_consumer_group_offsets(self.group)
-        taken = sum(
-            max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == self.tasks_topic
-        )
-        return published - taken
+        published = await kafka.record_count(self.settings, self.reader, self.tasks_topic)
+        return published - await kafka.committed(self.admin, self.group, self.tasks_topic)
 
     async def sandbox_backlog(self) -> int:
         """Sandbox requests published but not yet committed by the sandbox workers."""
-        requests = kafkaio.topic(self.settings, topics.SANDBOX_REQUESTS)
-        published = await kafkaio.record_count(self.settings, self.reader, requests)
-        group = f"{self.settings.topics.prefix}.sandbox-workers"
-        offsets = await self.admin.list_consumer_group_offsets(group)
-        done = sum(max(0, m.offset) for tp, m in offsets.items() if tp.topic == requests)
-        return published - done
+        requests = kafka.topic(self.settings, topics.SANDBOX_REQUESTS)
+        published = await kafka.record_count(self.settings, self.reader, requests)
+        group = kafka.group(self.settings, topics.SANDBOX_WORKERS)
+        return published - await kafka.committed(self.admin, group, requests)
 
     async def _sandbox_flow(self) -> None:
         """Pause the sandboxed suites while the sandbox tier is backed up (checked at most
@@ -302,13 +294,13 @@ class Feeder:
 
     async def _adapt(self) -> None:
         """Follow `rewards` (from now on) and update the suites' weight multipliers."""
-        consumer = kafkaio.reader(self.settings, "rollstream-feeder-rewards")
+        consumer = kafka.consumer(self.settings, "rollstream-feeder-rewards")
         await consumer.start()
         tally = GroupTally()
         history: dict[str, collections.deque[bool]] = {}
-        rewards = kafkaio.topic(self.settings, topics.REWARDS)
+        rewards = kafka.topic(self.settings, topics.REWARDS)
         try:
-            await kafkaio.assign_all(self.settings, consumer, [rewards], "end")
+            await kafka.assign_all(self.settings, consumer, [rewards], "end")
             while True:
                 batches = await consumer.getmany(timeout_ms=1000)
                 for rec in (r for rs in batches.values() for r in rs):

@@ -12,8 +12,9 @@ rest in the ledger as late).
 Weights: `WeightsWatcher` fetches and verifies announced weights; they are loaded between
 sequences (never during one), so every token's version is exact. Pacing: before a group,
 wait while it would put more than (max_lag + 1) x batch trajectories beyond the learner's
-samples_consumed (services/rollout/pacing.py). Multi-turn tasks (max_turns > 1 and a
-sandboxed verifier): see services/rollout/multiturn.py.
+samples_consumed (services/rollout/pacing.py). Episodes: the generator does not know
+single- from multi-turn or tool-calling tasks; services/rollout/episodes.py picks the
+environment that runs a task, the generator is its `Sampler`.
 """
 
 from __future__ import annotations
@@ -23,17 +24,26 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from schemas import topics
 from schemas.codec import SchemaError
 from schemas.rollout import Task, Trajectory
-from services.rollout import episode, kafkaio, pacing
+from services import kafka
+from services.rollout import episode, pacing
 from services.rollout import metrics as m
+from services.rollout.episodes import Episodes, import_environments
 from services.rollout.weights_watch import WeightsWatcher
 
 if TYPE_CHECKING:
+    import torch
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from learner.policy import Policy
+    from schemas.claimcheck import ClaimCheck
+    from services.rollout.textcodec import TextCodec
     from services.settings import Settings
 
 log = logging.getLogger("rollstream.generator")
@@ -54,6 +64,18 @@ class Summary:
     dead_letters: int = 0
 
 
+@dataclass
+class Parts:
+    """What a started generator samples, reads and publishes with."""
+
+    policy: Policy
+    codec: TextCodec
+    rng: torch.Generator
+    claim: ClaimCheck
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+
+
 class Generator:
     def __init__(
         self, settings: Settings, *, max_groups: int | None = None, idle_exit_s: float | None = None
@@ -69,16 +91,13 @@ class Generator:
         self.lock = asyncio.Lock()
         """Held while sampling and while swapping weights: a swap never splits a sequence."""
         self._stop = asyncio.Event()
-        self.trajectories_topic = kafkaio.topic(settings, topics.TRAJECTORIES)
-        self.policy: Any = None
-        self.codec: Any = None
-        self.rng: Any = None
-        self.consumer: Any = None
-        self.producer: Any = None
-        self.claim: Any = None
+        self.trajectories_topic = kafka.topic(settings, topics.TRAJECTORIES)
+        self._parts: Parts | None = None
+        self._closing: list[Callable[[], Awaitable[object]]] = []
+        """What start() started, to stop in reverse order."""
         self.watcher: WeightsWatcher | None = None
-        self.dead: kafkaio.DeadLetters | None = None
-        self.multiturn: Any = None
+        self.dead: kafka.DeadLetters | None = None
+        self.episodes: Episodes | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -93,47 +112,53 @@ class Generator:
         from services.rollout.textcodec import for_policy
 
         torch.set_num_threads(self.cfg.torch_threads)
-        self.policy = build_policy(policy_spec(self.settings.learner))
-        self.policy.eval()
-        self.codec = for_policy(self.policy)
-        self.rng = torch.Generator()
-        self.rng.manual_seed(self.cfg.seed if self.cfg.seed is not None else time.time_ns())
-        self.claim = blobs.from_settings(self.settings)
-        self.producer = kafkaio.producer(self.settings, f"rollstream-generator-{self.id}")
-        await self.producer.start()
-        self.dead = kafkaio.DeadLetters(
-            self.settings, self.producer, f"generator {self.id}", m.DEAD_LETTERS.inc
+        policy = build_policy(policy_spec(self.settings.learner))
+        policy.train(False)
+        codec = for_policy(policy)
+        rng = torch.Generator()
+        rng.manual_seed(self.cfg.seed if self.cfg.seed is not None else time.time_ns())
+        claim = blobs.from_settings(self.settings)
+        self._closing.append(claim.aclose)
+        producer = kafka.producer(self.settings, f"rollstream-generator-{self.id}")
+        await producer.start()
+        self._closing.append(producer.stop)
+        self.dead = kafka.DeadLetters(
+            self.settings, producer, f"generator {self.id}", m.DEAD_LETTERS.inc
         )
-        shapes = {k: tuple(v.shape) for k, v in self.policy.state_dict().items()}
+        import_environments(self.cfg.environments)
+        self.episodes = Episodes(
+            episode.Context(self.settings, self, codec, self.id, producer, claim)
+        )
+        shapes = {k: tuple(v.shape) for k, v in policy.weights().items()}
         self.watcher = WeightsWatcher(self.settings, shapes, self.dead)
         await self.watcher.start()
-        self.consumer = self._task_consumer()
-        await self.consumer.start()
+        consumer = self._task_consumer()
+        await consumer.start()
+        self._closing.append(consumer.stop)
+        self._parts = Parts(policy, codec, rng, claim, producer, consumer)
 
-    def _task_consumer(self) -> Any:
-        from aiokafka import AIOKafkaConsumer
+    @property
+    def parts(self) -> Parts:
+        if self._parts is None:
+            raise RuntimeError(f"generator {self.id} is not started")
+        return self._parts
 
-        prefix = self.settings.topics.prefix
-        return AIOKafkaConsumer(
-            kafkaio.topic(self.settings, topics.TASKS),
-            bootstrap_servers=self.settings.kafka.endpoint,
-            client_id=f"rollstream-generator-{self.id}",
-            group_id=f"{prefix}.generators",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
+    def _task_consumer(self) -> AIOKafkaConsumer:
+        return kafka.consumer(
+            self.settings,
+            f"rollstream-generator-{self.id}",
+            kafka.topic(self.settings, topics.TASKS),
+            group_id=kafka.group(self.settings, topics.GENERATORS),
             max_poll_records=1,
         )
 
     async def close(self) -> None:
-        for part in (self.multiturn, self.watcher):
-            if part is not None:
-                await part.stop()
-        for client in (self.consumer, self.producer):
-            if client is not None:
-                await client.stop()
-        if self.claim is not None:
-            await self.claim.aclose()
+        if self.episodes is not None:
+            await self.episodes.close()
+        if self.watcher is not None:
+            await self.watcher.stop()
+        while self._closing:
+            await self._closing.pop()()
 
     async def run(self) -> Summary:
         """Start, then generate until stopped or a limit is reached."""
@@ -173,7 +198,7 @@ class Generator:
         while not self._stop.is_set():
             if self.max_groups is not None and self.summary.groups >= self.max_groups:
                 return
-            batches = await self.consumer.getmany(timeout_ms=500, max_records=1)
+            batches = await self.parts.consumer.getmany(timeout_ms=500, max_records=1)
             records = [r for rs in batches.values() for r in rs]
             if not records:
                 if self.idle_exit_s is not None and time.monotonic() - last_task > self.idle_exit_s:
@@ -185,7 +210,7 @@ class Generator:
             for rec in records:
                 await self._handle(rec)
 
-    async def _handle(self, rec: Any) -> None:
+    async def _handle(self, rec: kafka.KafkaRecord) -> None:
         from aiokafka import TopicPartition
 
         task = await self._decode(rec)
@@ -195,20 +220,20 @@ class Generator:
                 return  # stopped before sampling: the task stays uncommitted for the next one
             await self.publish(group)
         tp = TopicPartition(rec.topic, rec.partition)
-        await self.consumer.commit({tp: rec.offset + 1})
+        await self.parts.consumer.commit({tp: rec.offset + 1})
 
-    async def _decode(self, rec: Any) -> Task | None:
+    async def _decode(self, rec: kafka.KafkaRecord) -> Task | None:
         assert self.dead is not None
         try:
             if rec.value is None:
                 raise SchemaError("bytes", "$", "empty record (tombstone) on tasks")
-            task = await self.claim.unpack(rec.value, Task)
+            task: Task = await self.parts.claim.unpack(rec.value, Task)
         except SchemaError as exc:
             await self.dead.send(rec, f"undecodable Task: {exc}", exc)
             return None
-        room = self.policy.max_seq_len - len(self.codec.prompt_ids(task))
+        room = self.parts.policy.max_seq_len - len(self.parts.codec.prompt_ids(task))
         if room < 2:
-            why = f"prompt leaves {room} tokens under max_seq_len {self.policy.max_seq_len}"
+            why = f"prompt leaves {room} tokens under max_seq_len {self.parts.policy.max_seq_len}"
             await self.dead.send(rec, f"task {task.task_id} cannot be sampled: {why}")
             return None
         return task
@@ -216,40 +241,38 @@ class Generator:
     # -- sampling ------------------------------------------------------------------------
 
     async def rollout(self, task: Task, group_id: str) -> list[Trajectory]:
-        """Sample the task's group (after pacing); single- or multi-turn."""
+        """Sample the task's group (after pacing) with the environment that runs it."""
         await self.pace(task.group_size)
         if self._stop.is_set():
             return []
-        if task.max_turns > 1 and task.verifier.needs_sandbox:
-            return await self._multiturn().group(task, group_id)
-        prompt_ids = self.codec.prompt_ids(task)
+        assert self.episodes is not None
+        return await self.episodes.for_task(task).group(task, group_id)
+
+    # -- the episodes' Sampler -----------------------------------------------------------
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.parts.policy.max_seq_len)
+
+    async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
+        """`n` completions of `context`, after swapping in newer verified weights (under
+        `lock`: a swap never splits a sequence)."""
         async with self.lock:
             await self.swap()
             version = self.version
-            completions = await asyncio.to_thread(self.sample, prompt_ids, task.group_size)
-        return [
-            episode.trajectory(
-                task,
-                group_id=group_id,
-                index=i,
-                prompt_ids=prompt_ids,
-                prompt_text=self.codec.text(prompt_ids),
-                parts=[self.turn(c, version)],
-                generator_id=self.id,
-            )
-            for i, c in enumerate(completions)
-        ]
+            completions = await asyncio.to_thread(self.sample, context, n)
+        return [self.turn(c, version) for c in completions]
 
     def sample(self, prompt_ids: list[int], n: int) -> list[Any]:
         """Completions of one prompt with the current weights (call under `lock`)."""
         return list(
-            self.policy.sample(
+            self.parts.policy.sample(
                 prompt_ids,
                 n,
                 max_new_tokens=self.cfg.max_new_tokens,
                 temperature=self.settings.learner.temperature,
                 top_p=self.cfg.top_p,
-                generator=self.rng,
+                generator=self.parts.rng,
             )
         )
 
@@ -258,16 +281,9 @@ class Generator:
             tokens=list(completion.tokens),
             logprobs=list(completion.logprobs),
             version=version,
-            text=self.codec.text(completion.tokens),
+            text=self.parts.codec.text(completion.tokens),
             finish_reason=completion.finish_reason,
         )
-
-    def _multiturn(self) -> Any:
-        if self.multiturn is None:
-            from services.rollout.multiturn import MultiTurn
-
-            self.multiturn = MultiTurn(self)
-        return self.multiturn
 
     async def swap(self) -> bool:
         """Load verified newer weights if there are any (call under `lock`, or before
@@ -276,7 +292,7 @@ class Generator:
         ready = self.watcher.take()
         if ready is None:
             return False
-        await asyncio.to_thread(self.policy.load_weights, ready.state)
+        await asyncio.to_thread(self.parts.policy.load_weights, ready.state)
         old, self.version = self.version, ready.update.version
         m.VERSION.set(self.version)
         if old >= 0:
@@ -294,8 +310,8 @@ class Generator:
         assert self.watcher is not None
         ls, started = self.settings.learner, time.monotonic()
         while not self._stop.is_set():
-            published = await kafkaio.record_count(
-                self.settings, self.consumer, self.trajectories_topic
+            published = await kafka.record_count(
+                self.settings, self.parts.consumer, self.trajectories_topic
             )
             batch = pacing.batch_samples(
                 ls.batch_tokens, self.mean_tokens.value, self.cfg.batch_samples
@@ -319,9 +335,9 @@ class Generator:
         """Publish a group; returns when every member is acknowledged."""
         futures = []
         for traj in group:
-            value = await self.claim.pack(traj)
+            value = await self.parts.claim.pack(traj)
             key = traj.group_id.encode()
-            futures.append(await self.producer.send(self.trajectories_topic, value, key=key))
+            futures.append(await self.parts.producer.send(self.trajectories_topic, value, key=key))
         await asyncio.gather(*futures)
         s = self.summary
         s.groups += 1

@@ -1,21 +1,43 @@
 """The demo's terminal side: the live progress table, the drain after the budget, the
-accounting check and the closing summary."""
+accounting check and the closing summary. It works on a `DemoRun` (services/demo.py's
+Demo is one)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.live import Live
 from rich.table import Table
 
-from services.rollout.stats import Row
+from services.rollout.stats import Row, RunStats
 
 if TYPE_CHECKING:
-    from services.demo import Demo
+    from rich.console import Console
+
+    from services.config import DemoSettings
+    from services.rollout.monitor import Monitor
     from services.rollout.report import Report
+    from services.rollout.supervise import Supervisor
+    from services.settings import Settings
+
+
+class DemoRun(Protocol):
+    """What the terminal side reads of a running demo."""
+
+    s: Settings
+    cfg: DemoSettings
+    console: Console
+    stats: RunStats
+    monitor: Monitor | None
+    procs: Supervisor | None
+
+    def say(self, text: str) -> None: ...
+
+    def snapshot(self) -> Row: ...
+
 
 REFRESH_S = 0.5
 SNAPSHOT_S = 2.0
@@ -45,7 +67,7 @@ def table(row: Row, budget_s: float, services: list[Any]) -> Table:
     return t
 
 
-async def watch(demo: Demo, budget_s: float) -> int:
+async def watch(demo: DemoRun, budget_s: float) -> int:
     """Show progress until the budget is spent (0) or a service crashed (1)."""
     assert demo.procs is not None
     end = time.monotonic() + budget_s
@@ -80,7 +102,7 @@ def _line(row: Row) -> str:
     )
 
 
-async def drain(demo: Demo) -> None:
+async def drain(demo: DemoRun) -> None:
     """Wait (at most demo.drain_s) until every published trajectory is scored or dropped,
     and the learner has consumed every reward (or has been idle past its batch wait)."""
     assert demo.monitor is not None
@@ -100,7 +122,7 @@ async def drain(demo: Demo) -> None:
     demo.say(f"[yellow]drain: {demo.cfg.drain_s:.0f} s passed with work in flight[/]")
 
 
-async def settle_ledger(demo: Demo, timeout_s: float = 20.0) -> None:
+async def settle_ledger(demo: DemoRun, timeout_s: float = 20.0) -> None:
     """After the learner stopped: wait for its last ledger entries to be read."""
     assert demo.monitor is not None
     for _ in range(int(timeout_s / 0.5)):
@@ -109,7 +131,7 @@ async def settle_ledger(demo: Demo, timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.5)
 
 
-def accounting(demo: Demo) -> dict[str, Any]:
+def accounting(demo: DemoRun) -> dict[str, Any]:
     """Every published trajectory: scored and trained, or dropped/masked with a reason."""
     mon = demo.monitor
     if mon is None:
@@ -125,7 +147,7 @@ def accounting(demo: Demo) -> dict[str, Any]:
     }
 
 
-def print_summary(demo: Demo, rep: Report, plot_path: Path | None, md: Path) -> None:
+def print_summary(demo: DemoRun, rep: Report, plot_path: Path | None, md: Path) -> None:
     demo.console.rule("[bold]result")
     t = Table(show_header=True, header_style="bold")
     for col in ("held-out suite", "greedy before", "after", "sampled before", "after"):

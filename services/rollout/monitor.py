@@ -3,8 +3,6 @@ keeps `RunStats` and the id sets of the accounting (published, scored, ledger)."
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -14,7 +12,7 @@ from schemas.codec import SchemaError
 from schemas.learning import LedgerEntry, WeightUpdate
 from schemas.rollout import ScoredTrajectory, Trajectory
 from schemas.sandbox import Outcome
-from services.rollout import kafkaio
+from services import kafka
 from services.rollout.stats import RunStats
 
 if TYPE_CHECKING:
@@ -32,47 +30,30 @@ class Monitor:
         self.scored: set[str] = set()
         self.versions_sampled: set[int] = set()
         self.undecodable = 0
-        self.names = {kafkaio.topic(settings, spec): spec.name for spec in WATCHED}
-        self._consumer: Any = None
+        self.names = {kafka.topic(settings, spec): spec.name for spec in WATCHED}
+        self._follower = kafka.Follower(
+            settings, "rollstream-demo-monitor", list(self.names), timeout_ms=300, max_records=5000
+        )
         self._claim: Any = None
-        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         from services import blobs
 
         self._claim = blobs.from_settings(self.settings)
-        self._consumer = kafkaio.reader(
-            self.settings, "rollstream-demo-monitor", fetch_max_bytes=32 << 20
-        )
-        await self._consumer.start()
-        await kafkaio.assign_all(self.settings, self._consumer, list(self.names), "beginning")
-        self._task = asyncio.create_task(self._run(), name="monitor")
+        await self._follower.start(self._batch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._follower.stop()
         if self._claim is not None:
             await self._claim.aclose()
 
-    async def _run(self) -> None:
-        while True:
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
+        now = time.time()
+        for rec in records:
             try:
-                batches = await self._consumer.getmany(timeout_ms=300, max_records=5000)
-            except Exception:  # Kafka trouble: the numbers pause, the run goes on
-                log.exception("monitor: reading the run's topics failed; retrying")
-                await asyncio.sleep(1.0)
-                continue
-            now = time.time()
-            for records in batches.values():
-                for rec in records:
-                    try:
-                        await self._one(self.names[rec.topic], rec.value or b"", now)
-                    except SchemaError:
-                        self.undecodable += 1  # the consumers dead-letter these
+                await self._one(self.names[rec.topic], rec.value or b"", now)
+            except SchemaError:
+                self.undecodable += 1  # the consumers dead-letter these
 
     async def _one(self, name: str, value: bytes, now: float) -> None:
         s = self.stats

@@ -10,16 +10,17 @@ not know, so the two never interfere.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from schemas import codec, topics
 from schemas.codec import SchemaError
 from schemas.sandbox import SandboxRequest, SandboxResult
-from services.rollout import kafkaio
+from services import kafka
 
 if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
     from schemas.claimcheck import ClaimCheck
     from services.settings import Settings
 
@@ -27,29 +28,22 @@ log = logging.getLogger("rollstream.sandbox_client")
 
 
 class SandboxClient:
-    def __init__(self, settings: Settings, producer: Any, claim: ClaimCheck, name: str) -> None:
+    def __init__(
+        self, settings: Settings, producer: AIOKafkaProducer, claim: ClaimCheck, name: str
+    ) -> None:
         self.settings = settings
         self.producer = producer
         self.claim = claim
         self.name = name
         self.waiting: dict[tuple[str, int], asyncio.Future[SandboxResult]] = {}
-        self._consumer: Any = None
-        self._task: asyncio.Task[None] | None = None
+        results = [kafka.topic(settings, topics.SANDBOX_RESULTS)]
+        self._follower = kafka.Follower(settings, f"rollstream-{name}-results", results, "end")
 
     async def start(self) -> None:
-        self._consumer = kafkaio.reader(self.settings, f"rollstream-{self.name}-results")
-        await self._consumer.start()
-        results = kafkaio.topic(self.settings, topics.SANDBOX_RESULTS)
-        await kafkaio.assign_all(self.settings, self._consumer, [results], at="end")
-        self._task = asyncio.create_task(self._read(), name=f"{self.name}-results")
+        await self._follower.start(self._batch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._follower.stop()
         for fut in self.waiting.values():
             fut.cancel()
 
@@ -60,7 +54,7 @@ class SandboxClient:
         self.waiting[key] = fut
         try:
             await self.producer.send_and_wait(
-                kafkaio.topic(self.settings, topics.SANDBOX_REQUESTS),
+                kafka.topic(self.settings, topics.SANDBOX_REQUESTS),
                 value=codec.encode(request),
                 key=request.request_id.encode(),
             )
@@ -70,18 +64,11 @@ class SandboxClient:
         finally:
             self.waiting.pop(key, None)
 
-    async def _read(self) -> None:
-        while True:
-            try:
-                batches = await self._consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for rec in records:
-                        await self._deliver(rec)
-            except Exception:  # waiting requests time out on their own
-                log.exception("reading sandbox results failed; retrying")
-                await asyncio.sleep(1.0)
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
+        for rec in records:  # on trouble, waiting requests time out on their own
+            await self._deliver(rec)
 
-    async def _deliver(self, rec: Any) -> None:
+    async def _deliver(self, rec: kafka.KafkaRecord) -> None:
         if not self.waiting or rec.value is None:
             return
         try:

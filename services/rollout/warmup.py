@@ -62,7 +62,7 @@ def supervised(
     policy.train()
     losses = []
     for step in range(cfg.warmup_steps):
-        batch = [sampler.next() for _ in range(cfg.warmup_batch)]
+        batch = [_pick(sampler) for _ in range(cfg.warmup_batch)]
         rows = [(text.prompt_ids(t), [*text.ids(target[t.task_id]), policy.eos_id]) for t in batch]
         loss = _loss(policy, rows)
         opt.zero_grad(set_to_none=True)
@@ -96,8 +96,8 @@ async def seed_learner(settings: Settings, policy: Any) -> WeightUpdate:
 
     from learner.checkpoint import CheckpointManager, CheckpointState
     from learner.trainer import Trainer, train_config
+    from services import kafka
     from services.learner_service import checkpoint_dir, weight_store
-    from services.rollout import kafkaio
 
     ls = settings.learner
     manager = CheckpointManager(checkpoint_dir(settings), keep=ls.checkpoint_keep)
@@ -116,12 +116,19 @@ async def seed_learner(settings: Settings, policy: Any) -> WeightUpdate:
         policy=ls.policy, version=0, step=0, uri=stored.uri, sha256=stored.sha256,
         size_bytes=stored.size_bytes,
     )  # fmt: skip
-    producer = kafkaio.producer(settings, "rollstream-demo-seed")
+    producer = kafka.producer(settings, "rollstream-demo-seed")
     await producer.start()
     try:
         await producer.send_and_wait(
-            kafkaio.topic(settings, topics.WEIGHTS), codec.encode(update), key=ls.policy.encode()
+            kafka.topic(settings, topics.WEIGHTS), codec.encode(update), key=ls.policy.encode()
         )
     finally:
         await producer.stop()
     return update
+
+
+def _pick(sampler: SuiteSampler) -> Task:
+    task = sampler.next()
+    if task is None:
+        raise RuntimeError("warm-up: every suite is paused, no task to sample")
+    return task

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas import codec, topics
 from schemas.learning import WeightUpdate
-from services.rollout import kafkaio
+from services import kafka
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -54,7 +54,7 @@ class WeightsWatcher:
     settings: Settings
     shapes: dict[str, tuple[int, ...]]
     """Tensor names and shapes of the running policy."""
-    dead_letters: kafkaio.DeadLetters
+    dead_letters: kafka.DeadLetters
     announced: WeightUpdate | None = None
     samples_consumed: int = 0
     consumed_at: float = field(default_factory=time.monotonic)
@@ -64,28 +64,22 @@ class WeightsWatcher:
     _ready: Fetched | None = None
     _loaded_version: int = -1
     _failed: set[int] = field(default_factory=set)
-    _consumer: Any = None
-    _task: asyncio.Task[None] | None = None
-    _records: dict[int, Any] = field(default_factory=dict)
+    _follower: kafka.Follower | None = None
+    _fetching: asyncio.Task[None] | None = None
+    _records: dict[int, kafka.KafkaRecord] = field(default_factory=dict)
 
     async def start(self) -> None:
-        self._consumer = kafkaio.reader(self.settings, "rollstream-generator-weights")
-        await self._consumer.start()
-        await kafkaio.assign_all(
-            self.settings,
-            self._consumer,
-            [kafkaio.topic(self.settings, topics.WEIGHTS)],
-            "beginning",
-        )
-        self._task = asyncio.create_task(self._run(), name="weights-watch")
+        names = [kafka.topic(self.settings, topics.WEIGHTS)]
+        self._follower = kafka.Follower(self.settings, "rollstream-generator-weights", names)
+        await self._follower.start(self._batch)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._follower is not None:
+            await self._follower.stop()
+        if self._fetching is not None:
+            self._fetching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+                await self._fetching
 
     def take(self) -> Fetched | None:
         """Verified weights newer than the loaded ones, once; the caller loads them."""
@@ -94,28 +88,19 @@ class WeightsWatcher:
             self._loaded_version = ready.update.version
         return ready
 
-    async def _run(self) -> None:
-        fetching: asyncio.Task[None] | None = None
-        while True:
-            try:
-                batches = await self._consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for rec in records:
-                        await self._announcement(rec)
-            except Exception:  # Kafka trouble: keep the old weights, try again
-                log.exception("reading weights announcements failed; retrying")
-                await asyncio.sleep(1.0)
-                continue
-            want = self.announced
-            idle = fetching is None or fetching.done()
-            if want is not None and idle and self._wanted(want.version):
-                fetching = asyncio.create_task(self._fetch(want))
+    async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
+        for rec in records:
+            await self._announcement(rec)
+        want = self.announced
+        idle = self._fetching is None or self._fetching.done()
+        if want is not None and idle and self._wanted(want.version):
+            self._fetching = asyncio.create_task(self._fetch(want))
 
     def _wanted(self, version: int) -> bool:
         newest_known = max(self._loaded_version, self._ready.update.version if self._ready else -1)
         return version > newest_known and version not in self._failed
 
-    async def _announcement(self, rec: Any) -> None:
+    async def _announcement(self, rec: kafka.KafkaRecord) -> None:
         if rec.value is None:
             return  # a tombstone: compaction bookkeeping, nothing to load
         try:

@@ -23,7 +23,7 @@ import pytest
 from schemas import topics
 from schemas.learning import LedgerEntry, LedgerStatus
 from schemas.rollout import ScoredTrajectory, Trajectory
-from services.rollout import kafkaio
+from services import kafka
 from services.settings import Settings, load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,14 +57,14 @@ async def read_back(s: Settings) -> dict[str, list[Any]]:
     from services import blobs
 
     claim = blobs.from_settings(s)
-    consumer = kafkaio.reader(s, "test-demo-readback")
+    consumer = kafka.consumer(s, "test-demo-readback")
     await consumer.start()
     names = {
-        kafkaio.topic(s, t): t.name for t in (topics.TRAJECTORIES, topics.REWARDS, topics.LEDGER)
+        kafka.topic(s, t): t.name for t in (topics.TRAJECTORIES, topics.REWARDS, topics.LEDGER)
     }
     out: dict[str, list[Any]] = {n: [] for n in names.values()}
     try:
-        tps = await kafkaio.assign_all(s, consumer, list(names))
+        tps = await kafka.assign_all(s, consumer, list(names))
         ends = await consumer.end_offsets(tps)
         for _ in range(2000):  # bounded: stops once every partition is read to its end
             if all([await consumer.position(tp) >= ends[tp] for tp in tps]):

@@ -16,8 +16,8 @@ import pytest
 from schemas import codec, topics
 from schemas.rollout import Task
 from schemas.transport import DeadLetter
+from services import kafka
 from services import topics as topic_admin
-from services.rollout import kafkaio
 from services.rollout.feeder import Feeder
 from services.settings import Settings
 from tests.integration.test_generator_multiturn import sandbox_worker
@@ -59,10 +59,10 @@ def feeder_settings(settings: Settings, prefix: str, task_file: Path, **feeder: 
 
 
 async def read(s: Settings, spec: topics.TopicSpec) -> list[Any]:
-    consumer = kafkaio.reader(s, "test-feeder-read")
+    consumer = kafka.consumer(s, "test-feeder-read")
     await consumer.start()
     try:
-        tps = await kafkaio.assign_all(s, consumer, [kafkaio.topic(s, spec)])
+        tps = await kafka.assign_all(s, consumer, [kafka.topic(s, spec)])
         ends = await consumer.end_offsets(tps)
         out: list[Any] = []
         for _ in range(100):
@@ -122,7 +122,7 @@ async def test_backlog_bound_until_the_generators_take_tasks(
         await asyncio.sleep(2)
         assert sum(feeder.summary.published.values()) == 5  # held at the bound
         taker = AIOKafkaConsumer(
-            kafkaio.topic(s, topics.TASKS), bootstrap_servers=s.kafka.endpoint,
+            kafka.topic(s, topics.TASKS), bootstrap_servers=s.kafka.endpoint,
             group_id=f"{prefix}.generators", enable_auto_commit=False,
             auto_offset_reset="earliest",
         )  # fmt: skip
@@ -162,7 +162,7 @@ async def test_sandboxed_suites_pause_while_the_sandbox_is_backed_up(
         update={"topics": settings.topics.model_copy(update={"prefix": prefix})}
     )
     await topic_admin.ensure(base)
-    producer = kafkaio.producer(base, "test-feeder-backlog")
+    producer = kafka.producer(base, "test-feeder-backlog")
     await producer.start()
     try:  # 70 requests no worker will take: a sandbox tier 70 deep
         for i in range(70):
@@ -170,7 +170,7 @@ async def test_sandboxed_suites_pause_while_the_sandbox_is_backed_up(
                 request_id=f"r{i}", trajectory_id=f"t{i}", group_id=f"g{i}", code="",
                 verifier=VerifierSpec(name="python_tests", tests="x"),
             )  # fmt: skip
-            topic = kafkaio.topic(base, topics.SANDBOX_REQUESTS)
+            topic = kafka.topic(base, topics.SANDBOX_REQUESTS)
             await producer.send_and_wait(topic, codec.encode(req), req.request_id.encode())
     finally:
         await producer.stop()

@@ -18,10 +18,9 @@ from schemas.arrays import unpack_f32, unpack_i32
 from schemas.learning import WeightUpdate
 from schemas.rollout import Trajectory
 from schemas.transport import DeadLetter
-from services import suites
+from services import kafka, suites
 from services import topics as topic_admin
 from services.learner_service import weight_store
-from services.rollout import kafkaio
 from services.rollout.generator import Generator
 from services.settings import Settings
 
@@ -60,7 +59,7 @@ async def announce(s: Settings, producer: Any, version: int, state: dict[str, An
         size_bytes=stored.size_bytes,
     )  # fmt: skip
     await producer.send_and_wait(
-        kafkaio.topic(s, topics.WEIGHTS), codec.encode(update), key=s.learner.policy.encode()
+        kafka.topic(s, topics.WEIGHTS), codec.encode(update), key=s.learner.policy.encode()
     )
 
 
@@ -70,7 +69,7 @@ async def feed(s: Settings, producer: Any, stop: asyncio.Event) -> None:
         if stop.is_set():
             return
         t = tasks[i % len(tasks)]
-        topic = kafkaio.topic(s, topics.TASKS)
+        topic = kafka.topic(s, topics.TASKS)
         await producer.send_and_wait(topic, codec.encode(t), t.task_id.encode())
         await asyncio.sleep(0.05)
 
@@ -82,12 +81,12 @@ class Seen:
         self.s = s
         self.trajectories: list[Trajectory] = []
         self.letters: list[DeadLetter] = []
-        self.consumer = kafkaio.reader(s, "test-hotswap")
+        self.consumer = kafka.consumer(s, "test-hotswap")
 
     async def start(self) -> None:
         await self.consumer.start()
-        names = [kafkaio.topic(self.s, t) for t in (topics.TRAJECTORIES, topics.DLQ)]
-        await kafkaio.assign_all(self.s, self.consumer, names)
+        names = [kafka.topic(self.s, t) for t in (topics.TRAJECTORIES, topics.DLQ)]
+        await kafka.assign_all(self.s, self.consumer, names)
 
     async def until(self, predicate: Any, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
@@ -109,7 +108,7 @@ async def test_hot_swap_mid_run(settings: Settings, prefix: str, _stack_up: None
     s = run_settings(settings, prefix)
     await topic_admin.ensure(s)
     weights = states(s)
-    producer = kafkaio.producer(s, "test-hotswap")
+    producer = kafka.producer(s, "test-hotswap")
     await producer.start()
     seen = Seen(s)
     await seen.start()

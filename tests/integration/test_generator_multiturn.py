@@ -18,9 +18,8 @@ from schemas import codec, topics
 from schemas.arrays import unpack_i32
 from schemas.learning import WeightUpdate
 from schemas.rollout import Trajectory
-from services import suites
+from services import kafka, suites
 from services import topics as topic_admin
-from services.rollout import kafkaio
 from services.rollout.generator import Generator
 from services.settings import Settings
 
@@ -79,15 +78,15 @@ async def test_multi_turn_episodes_through_the_sandbox(
         size_bytes=stored.size_bytes,
     )  # fmt: skip
     tasks = suites.get("pyfunc", group_size=2, max_turns=3).tasks("train")[:3]
-    producer = kafkaio.producer(s, "test-multiturn")
+    producer = kafka.producer(s, "test-multiturn")
     await producer.start()
     try:
         await producer.send_and_wait(
-            kafkaio.topic(s, topics.WEIGHTS), codec.encode(update), s.learner.policy.encode()
+            kafka.topic(s, topics.WEIGHTS), codec.encode(update), s.learner.policy.encode()
         )
         for t in tasks:
             await producer.send_and_wait(
-                kafkaio.topic(s, topics.TASKS), codec.encode(t), t.task_id.encode()
+                kafka.topic(s, topics.TASKS), codec.encode(t), t.task_id.encode()
             )
     finally:
         await producer.stop()
@@ -119,11 +118,11 @@ def check_episode(t: Trajectory) -> None:
 
 
 async def read_trajectories(s: Settings, n: int) -> list[Trajectory]:
-    consumer = kafkaio.reader(s, "test-multiturn-read")
+    consumer = kafka.consumer(s, "test-multiturn-read")
     await consumer.start()
     out: list[Trajectory] = []
     try:
-        await kafkaio.assign_all(s, consumer, [kafkaio.topic(s, topics.TRAJECTORIES)])
+        await kafka.assign_all(s, consumer, [kafka.topic(s, topics.TRAJECTORIES)])
         for _ in range(60):
             if len(out) >= n:
                 break
