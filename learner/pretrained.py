@@ -87,7 +87,7 @@ def convert_gguf(gguf: Path, cache_dir: Path, dtype: str = "float32") -> Path:
 
         tmp = out.with_name(out.name + f".partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # type: ignore[no-untyped-call]
         fix_special_tokens(tokenizer)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
