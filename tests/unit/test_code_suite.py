@@ -191,3 +191,37 @@ def test_feeder_feeds_only_train_tasks(tmp_path: Path) -> None:
     assert not held & {t.task_id for t in fed}
     refused = [c for c in candidates if c.task is None]
     assert len(refused) == 1 and "evaluation-only" in (refused[0].reason or "")
+
+
+# -- task files carry feedback_tests ------------------------------------------------------------
+
+
+def test_the_readme_task_line_is_admitted_with_its_feedback_tests() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## Built-in suites and task files", 1)[1].split("```json\n", 1)[1]
+    text = " ".join(block.split("\n```", 1)[0].splitlines())
+    task = admission.parse_line(text, group_size=4, registry=REGISTRY)
+    assert task.verifier.needs_sandbox and task.verifier.feedback_tests
+    solution = extract_code(task.reference or "")
+    assert run_tests(solution, task.verifier.tests or "") == (2, 2)
+    assert run_tests(solution, task.verifier.feedback_tests) == (1, 1)
+
+
+def test_feedback_tests_belong_to_python_tests_only() -> None:
+    text = (
+        '{"task_id": "t", "suite": "s", "prompt": "2+2=", "verifier": {"name": "exact", '
+        '"answer": "4", "feedback_tests": "def test_0():\\n    assert True\\n"}}'
+    )
+    with pytest.raises(admission.Rejected, match="feedback_tests is for python_tests"):
+        admission.parse_line(text, group_size=2, registry=REGISTRY)
+
+
+def test_feedback_spec_runs_the_public_tests_only() -> None:
+    from sandbox_workers.verifiers import feedback_spec
+
+    for task in TRAIN[:20] + HELDOUT[:20]:
+        spec = feedback_spec(task.verifier)
+        assert spec is not None and spec.tests == task.verifier.feedback_tests
+        assert spec.feedback_tests is None and task.verifier.tests not in (spec.tests, None)
+    assert feedback_spec(HUMANEVAL[0].verifier) is None  # no public tests: nothing to run
+    assert feedback_spec(suites.get("arith").tasks("train")[0].verifier) is None
