@@ -49,8 +49,13 @@ class VerifierSpec(msgspec.Struct, kw_only=True):
     """Verifier version to use; None = the worker's current one. writer: task feeder,
     replay (re-scoring on purpose); reader: sandbox worker."""
     tests: str | None = None
-    """python_tests: a Python file of `test_*` functions importing from `solution`.
-    writer: task author; reader: sandbox worker."""
+    """python_tests: a Python file of `test_*` functions importing from `solution`; the
+    hidden scoring tests that decide the reward (never shown to the policy). writer: task
+    author; reader: sandbox worker."""
+    feedback_tests: str | None = None
+    """python_tests: the public example tests (same file format as `tests`), shown in the
+    prompt and run for multi-turn feedback; never scored. None = no public tests. writer:
+    task author (suites, task files); reader: generator (multi-turn observation)."""
     cases: list[IOCase] = msgspec.field(default_factory=list)
     """stdin_stdout: the cases. writer: task author; reader: sandbox worker."""
     answer: str | None = None

@@ -11,7 +11,7 @@ from sandbox_workers.verifiers.base import (
     Verifier,
 )
 from sandbox_workers.verifiers.math_answer import MathAnswer
-from sandbox_workers.verifiers.sandboxed import PythonTests, StdinStdout
+from sandbox_workers.verifiers.sandboxed import PythonTests, StdinStdout, feedback_spec
 from sandbox_workers.verifiers.text import Exact, Regex
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "default_registry",
+    "feedback_spec",
 ]
 
 

@@ -17,7 +17,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from schemas.sandbox import SandboxRequest, VerifierSpec
+
+
+def feedback_spec(spec: VerifierSpec) -> VerifierSpec | None:
+    """The spec a multi-turn observation may run: a python_tests spec whose `tests` are the
+    public `feedback_tests` (the hidden scoring tests and their expected values must never
+    reach the policy). None when the task has no public tests."""
+    if spec.name != "python_tests" or not spec.feedback_tests:
+        return None
+    return msgspec.structs.replace(spec, tests=spec.feedback_tests, feedback_tests=None)
 
 
 class PythonTests:

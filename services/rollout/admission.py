@@ -8,6 +8,10 @@ skipped. `verifier.needs_sandbox` may be left out: it follows from the verifier.
     {"task_id": "sq/3", "suite": "mine", "prompt": "3*3=",
      "verifier": {"name": "math_answer", "answer": "9"}, "reference": "9"}
 
+A `python_tests` verifier may carry `feedback_tests` (public example tests, same file
+format as `tests`, shown in the prompt and run for multi-turn feedback; never scored);
+another verifier with `feedback_tests` is rejected.
+
 A task is admitted when it parses, its verifier is deployed and its spec usable, and its
 reference solution (when given) passes its own verifier. The last check needs a verifier
 run (services/rollout/feeder.py does it in-process or through the sandbox tier); its
@@ -91,6 +95,8 @@ def static_problem(task: Task, registry: Registry) -> str | None:
             f"verifier {task.verifier.name} runs {where}, but needs_sandbox is "
             f"{task.verifier.needs_sandbox}: leave needs_sandbox out or set it to {not in_process}"
         )
+    if task.verifier.feedback_tests is not None and task.verifier.name != "python_tests":
+        return f"feedback_tests is for python_tests, not for {task.verifier.name}"
     text = prompt_text(task)
     if not text.strip():
         return "empty prompt"

@@ -3,7 +3,9 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
 
 - Sources: the `train` split of every built-in suite named in `feeder.suites` (the
   `warmup` and `heldout` splits are never fed), and every task of `feeder.task_files`
-  whose metadata does not put it in another split.
+  whose metadata does not put it in another split. An evaluation-only suite
+  (`suites.EVAL_ONLY`, e.g. `humaneval`) is refused: named in `feeder.suites` it is a
+  configuration error; a task file's task of that suite is rejected.
 - Admission (services/rollout/admission.py): a malformed line, an unknown verifier, an
   unusable spec, or a reference solution that fails its own verifier (judged in-process,
   or in the sandbox tier through `sandbox.requests`/`sandbox.results`) rejects the task:
@@ -92,8 +94,14 @@ class Feeder:
         for name, weight in self.cfg.suites.items():
             if weight <= 0 or name not in suites.names():
                 continue
+            if suites.is_eval_only(name):
+                raise ValueError(
+                    f"feeder.suites names {name!r}, an evaluation-only suite that is never "
+                    "trained on: remove it (evaluate it with the demo or `rollstream eval`)"
+                )
             suite = suites.get(name, group_size=self.cfg.group_size, max_turns=self.cfg.max_turns)
-            out += [Candidate(f"suite:{name}", i, t) for i, t in enumerate(suite.tasks("train"))]
+            train = [t for t in suite.tasks("train") if t.metadata.get("split", "train") == "train"]
+            out += [Candidate(f"suite:{name}", i, t) for i, t in enumerate(train)]
         for path in self.cfg.task_files:
             out += self._file_tasks(Path(path))
         return out
@@ -109,7 +117,10 @@ class Feeder:
             except admission.Rejected as exc:
                 out.append(Candidate(source, number, None, exc.reason, line))
                 continue
-            if task.metadata.get("split", "train") == "train":
+            if suites.is_eval_only(task.suite):
+                reason = f"suite {task.suite!r} is evaluation-only: its tasks are never trained on"
+                out.append(Candidate(source, number, None, reason, line))
+            elif task.metadata.get("split", "train") == "train":
                 out.append(Candidate(source, number, task, None, line))
         return out
 

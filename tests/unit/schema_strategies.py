@@ -51,6 +51,7 @@ verifiers = st.builds(
     name=KEY,
     version=OPT_TEXT,
     tests=OPT_TEXT,
+    feedback_tests=OPT_TEXT,
     cases=st.lists(st.builds(IOCase, stdin=TEXT, stdout=TEXT), max_size=3),
     answer=OPT_TEXT,
     pattern=OPT_TEXT,

@@ -28,7 +28,12 @@ def task(task_id: str, suite: str = "s") -> Task:
 # -- suites -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", suites.names())
+HASH_SPLIT = [n for n in suites.names() if n not in ("code", "humaneval")]
+"""Suites split by a hash of the task id (`code` and `humaneval` fix their splits in their
+data: tests/unit/test_code_suite.py)."""
+
+
+@pytest.mark.parametrize("name", HASH_SPLIT)
 def test_suite_splits_are_disjoint_stable_and_cover_every_task(name: str) -> None:
     suite = suites.get(name)
     ids = {split: [t.task_id for t in suite.tasks(split)] for split in suites.SPLITS}

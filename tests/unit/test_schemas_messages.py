@@ -202,3 +202,18 @@ def test_key_for() -> None:
     assert topics.key_for(topics.LEDGER, entry) == traj.id.encode()
     with pytest.raises(ValueError, match="has no 'task_id', the key of tasks"):
         topics.key_for(topics.TASKS, entry)
+
+
+def test_feedback_tests_are_optional_and_travel_apart_from_scoring_tests() -> None:
+    public = "from solution import f\n\ndef test_0():\n    assert f(1) == 2\n"
+    hidden = "from solution import f\n\ndef test_0():\n    assert f(7) == 8\n"
+    spec = VerifierSpec(name="python_tests", tests=hidden, feedback_tests=public)
+    task = Task(task_id="t", suite="s", prompt="p", verifier=spec, group_size=2)
+    raw = msgpack.unpackb(codec.encode(task), raw=False)
+    assert raw["verifier"]["feedback_tests"] == public
+    assert raw["verifier"]["tests"] == hidden
+    # a writer that predates the field (or leaves it out) still decodes, as None
+    del raw["verifier"]["feedback_tests"]
+    old = codec.decode(msgpack.packb(raw, use_bin_type=True), Task)
+    assert old.verifier.feedback_tests is None
+    assert old.verifier.tests == hidden
