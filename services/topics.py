@@ -151,9 +151,9 @@ async def ensure(settings: Settings, prefix: str | None = None) -> list[TopicSta
                     await admin.create_topics([topic])
         finally:
             await admin.close()
-        for _ in range(50):  # metadata propagates asynchronously
+        for _ in range(100):  # metadata propagates asynchronously (0 partitions at first)
             states = await describe(settings, prefix)
-            if all(s.exists for s in states):
+            if all(s.exists and s.partitions for s in states):
                 break
             await asyncio.sleep(0.1)
     return states

@@ -24,9 +24,10 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from services.rollout.sandbox_client import SandboxClient
     from services.settings import Settings
 
+_T = TypeVar("_T")
 log = logging.getLogger("rollstream.feeder")
 ADMISSION_CONCURRENCY = 8
 
@@ -258,11 +260,26 @@ class Feeder:
         counts = self.summary.published
         counts[task.suite] = counts.get(task.suite, 0) + 1
 
+    async def _retrying(self, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """await call(*args); a broker that is down (one node of a cluster restarting) is
+        retried for up to a minute instead of ending the feeder."""
+        from aiokafka.errors import KafkaError
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return await call(*args)
+            except KafkaError as exc:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                log.warning("%s: %s; retrying", getattr(call, "__name__", call), exc)
+                await self._sleep(1.0)
+
     async def backlog(self) -> int:
         """Tasks published but not yet committed by the generators' consumer group."""
-        published = await kafkaio.record_count(self.reader, self.tasks_topic)
-        offsets = await self.admin.list_consumer_group_offsets(self.group)
-        taken = sum(
+        published = await self._retrying(kafkaio.record_count, self.reader, self.tasks_topic)
+        offsets = await self._retrying(self.admin.list_consumer_group_offsets, self.group)
+        taken: int = sum(
             max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == self.tasks_topic
         )
         return published - taken
@@ -270,10 +287,10 @@ class Feeder:
     async def sandbox_backlog(self) -> int:
         """Sandbox requests published but not yet committed by the sandbox workers."""
         requests = kafkaio.topic(self.settings, topics.SANDBOX_REQUESTS)
-        published = await kafkaio.record_count(self.reader, requests)
+        published = await self._retrying(kafkaio.record_count, self.reader, requests)
         group = f"{self.settings.topics.prefix}.sandbox-workers"
-        offsets = await self.admin.list_consumer_group_offsets(group)
-        done = sum(max(0, m.offset) for tp, m in offsets.items() if tp.topic == requests)
+        offsets = await self._retrying(self.admin.list_consumer_group_offsets, group)
+        done: int = sum(max(0, m.offset) for tp, m in offsets.items() if tp.topic == requests)
         return published - done
 
     async def _sandbox_flow(self) -> None:
