@@ -142,7 +142,8 @@ def test_sandbox_workers_use_the_node_docker_engine(config: Any) -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     sock = config.docker.host.removeprefix("unix://")
     assert volumes["docker-sock"]["hostPath"] == {"path": sock, "type": "Socket"}
-    mounts = {m["name"]: m["mountPath"] for m in _container({"spec": {"template": {"spec": spec}}})["volumeMounts"]}  # fmt: skip
+    (container,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["docker-sock"] == sock
     assert config.docker.install is False
 
@@ -160,9 +161,17 @@ def test_compose_runs_the_whole_pipeline() -> None:
     for role in ("generator", "dispatcher", "sandbox-worker"):
         assert len([n for n in services if n.startswith(role)]) >= 2, role
     assert {"redis", "feeder", "learner"} <= set(services)
-    for name in services:
-        if not name.startswith(("kafka-", "redis")):
-            assert services[name]["image"].startswith("rollstream:"), name
+    for name, svc in services.items():
+        # One image for all (upstream Kafka/Redis images by variable, where they can be pulled).
+        assert svc["image"].endswith(":-rollstream:0.1.0}"), name
+    for name in brokers:
+        env = services[name]["environment"]
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+        assert [v.split("@")[1] for v in voters] == [f"{b}:9093" for b in brokers]
+    bootstrap = services["feeder"]["environment"]["ROLLSTREAM__KAFKA__BOOTSTRAP"]
+    assert bootstrap == ",".join(f"{b}:9092" for b in brokers)
     for name in (n for n in services if n.startswith("sandbox-worker")):
         assert "/var/run/docker.sock:/var/run/docker.sock" in services[name]["volumes"]
 
