@@ -60,6 +60,5 @@ tar -cf - --numeric-owner \
     --change "LABEL rollstream.image=rollstream" \
     --change "WORKDIR /opt/rollstream" \
     --change 'ENTRYPOINT ["/opt/rollstream/deploy/rollstream/entrypoint.sh"]' \
-    --change 'CMD ["--help"]' \
     - "$TAG"
 docker run --rm "$TAG" --help > /dev/null && echo "built $TAG" >&2

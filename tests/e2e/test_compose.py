@@ -58,17 +58,26 @@ def test_compose_pipeline_end_to_end(prefix: str) -> None:
         for name in ("sandbox-worker-1", "sandbox-worker-2"):
             workers += run("ps", "-q", name).stdout.split()
         deadline = time.monotonic() + 900
+        sandboxed = 0
         while time.monotonic() < deadline:
+            time.sleep(15)
+            status = run("run", "--rm", "-T", "tools", "status", "--once", "--json", timeout=240)
+            if status.returncode == 0 and status.stdout.strip().startswith("{"):
+                records = json.loads(status.stdout)["topic_records"]
+                sandboxed = sum(n for t, n in records.items() if "sandbox.results" in t)
             audit = run("run", "--rm", "-T", "tools", "audit", "--json", timeout=240)
             if audit.returncode in (0, 1) and audit.stdout.strip().startswith("{"):
                 report = json.loads(audit.stdout)
-                if int(report["trained"]) > 20:  # type: ignore[call-overload]
+                if int(report["trained"]) > 20 and sandboxed > 0:  # type: ignore[call-overload]
                     break
-            time.sleep(15)
-        print("\nCOMPOSE " + json.dumps({k: report.get(k) for k in (
-            "published", "scored", "trained", "dropped", "unaccounted", "conflicts")}))  # fmt: skip
+        keys = ("published", "scored", "trained", "dropped", "unaccounted", "conflicts")
+        print(
+            "\nCOMPOSE "
+            + json.dumps({"sandbox_results": sandboxed, **{k: report.get(k) for k in keys}})
+        )
         logs = run("logs", "--tail", "30").stdout
         assert report and int(report["trained"]) > 20, logs[-6000:]  # type: ignore[call-overload]
+        assert sandboxed > 0, "no sandbox results: " + logs[-6000:]
         assert report["conflicts"] == {}
     finally:
         down = run("down", "-v", "--timeout", "60", timeout=600)
