@@ -46,20 +46,30 @@ def _print_checks(checks: list[Any], as_json: bool) -> None:
     Console().print(table)
 
 
+Brokers = Annotated[
+    int | None,
+    typer.Option(help="Nodes of the local Kafka cluster (kafka.brokers; default 1)."),
+]
+
+
 @app.command()
 def up(
     ctx: typer.Context,
     only: Annotated[
         str | None, typer.Option(help="Comma-separated subset: kafka,redis,docker,image,topics.")
     ] = None,
+    brokers: Brokers = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Bring up the local stack (idempotent): Kafka, Redis, Docker, sandbox image, topics."""
+    """Bring up the local stack (idempotent): Kafka, Redis, Docker, sandbox image, topics.
+
+    `--brokers 3`: a local 3-node KRaft cluster (topics get replication 3, min ISR 2);
+    a node that died is started again."""
     from rich.console import Console
 
     from services.infra import stack
 
-    settings = settings_from(ctx)
+    settings = settings_from(ctx, **{"kafka.brokers": brokers})
     console = Console(stderr=True)
     status = console.status("starting")
 
@@ -77,7 +87,8 @@ def up(
 
 @app.command()
 def down(ctx: typer.Context) -> None:
-    """Stop what `rollstream up` started (and remove leftover sandbox containers)."""
+    """Stop what `rollstream up` started (every Kafka node, Redis, dockerd; and remove leftover
+    sandbox containers)."""
     from services.infra import stack
 
     for name, was_running in stack.down(settings_from(ctx)):
@@ -87,12 +98,14 @@ def down(ctx: typer.Context) -> None:
 @app.command()
 def doctor(
     ctx: typer.Context,
+    brokers: Brokers = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """One line per component: status, version, endpoint. Exit 0 only when all are healthy."""
+    """One line per component: status, version, endpoint. Exit 0 only when all are healthy.
+    A multi-node local cluster gets one more line per node."""
     from services.infra import stack
 
-    checks = stack.doctor(settings_from(ctx))
+    checks = stack.doctor(settings_from(ctx, **{"kafka.brokers": brokers}))
     _print_checks(checks, as_json)
     raise typer.Exit(0 if all(c.healthy for c in checks) else 1)
 

@@ -19,10 +19,17 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the reward dispatcher: trajectories -> sandbox -> rewards (a faust worker)."""
+        import asyncio
+
         from services.cli_common import settings_from
+        from services.topics import cluster_replication
         from streams.service import run
 
         settings = settings_from(
             ctx, **{"topics.prefix": prefix, "dispatcher.metrics_port": metrics_port}
         )
+        if not settings.dispatcher.changelog_replication:
+            rf = asyncio.run(cluster_replication(settings))
+            dispatcher = settings.dispatcher.model_copy(update={"changelog_replication": rf})
+            settings = settings.model_copy(update={"dispatcher": dispatcher})
         run(settings)

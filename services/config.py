@@ -33,6 +33,33 @@ class KafkaSettings(Section):
     """JVM max heap of the local broker."""
     start_timeout_s: float = 90.0
     """How long `rollstream up` waits for the local broker to answer."""
+    brokers: int = Field(default=1, ge=1, le=9)
+    """Nodes of the local KRaft cluster, each a combined broker and controller. 1: the
+    single broker on `port` and `controller_port`, state under `{state_dir}/kafka/`.
+    N > 1: node i (1..N) listens on `port + (i-1) * node_port_step` and
+    `controller_port + (i-1) * node_port_step`, keeps its state under
+    `{state_dir}/kafka-{i}/`, and all N nodes form the controller quorum. Topics get
+    replication 3 and min.insync.replicas 2 on a cluster of 3 or more brokers."""
+    node_port_step: int = Field(default=10, ge=2, le=1000)
+    """Port distance between consecutive nodes of a multi-node local cluster."""
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> KafkaSettings:
+        ports = [p for node in self.node_ports() for p in node]
+        if len(set(ports)) != len(ports) or max(ports) > 65535:
+            raise ValueError(
+                f"kafka: the {self.brokers} node(s) need distinct ports up to 65535, got "
+                f"{ports} (port={self.port}, controller_port={self.controller_port}, "
+                f"node_port_step={self.node_port_step})"
+            )
+        return self
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local node, node 1 first."""
+        step = self.node_port_step
+        return [
+            (self.port + i * step, self.controller_port + i * step) for i in range(self.brokers)
+        ]
 
     @property
     def managed(self) -> bool:
@@ -41,7 +68,8 @@ class KafkaSettings(Section):
 
     @property
     def endpoint(self) -> str:
-        return self.bootstrap or f"127.0.0.1:{self.port}"
+        """Bootstrap servers: the configured ones, else every local node."""
+        return self.bootstrap or ",".join(f"127.0.0.1:{p}" for p, _ in self.node_ports())
 
 
 class RedisSettings(Section):
@@ -178,6 +206,8 @@ class DemoSettings(Section):
     """Generator processes."""
     sandbox_workers: int = Field(default=1, ge=1, le=16)
     """Sandbox worker processes (each with `sandbox.pool_size` containers)."""
+    dispatchers: int = Field(default=1, ge=1, le=16)
+    """Reward dispatcher processes (one consumer group: they share the partitions)."""
     warmup_steps: int = Field(default=150, ge=0)
     """Supervised steps of the initial policy on the warm-up split of the suites (format
     and a little skill, like a small pretrained model); 0: a random initial policy."""

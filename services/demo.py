@@ -229,7 +229,9 @@ class Demo:
 
     def _start_pipeline(self) -> None:
         self.console.rule("[bold]streaming RL")
-        self._service("dispatcher", "services.cli", "dispatcher")
+        for i in range(self.cfg.dispatchers):
+            name = "dispatcher" if i == 0 else f"dispatcher-{i}"
+            self._service(name, "services.cli", "dispatcher")
         self._service("learner", "services.cli", "learner", "--log-level", "warning")
         for i in range(self.cfg.generators):
             gid = f"gen-{i}"

@@ -248,7 +248,7 @@ def build_app(settings: Settings) -> tuple[faust.App, Dispatcher]:
         store="memory://",
         processing_guarantee="at_least_once",
         topic_partitions=parts,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.dispatcher.changelog_replication or 1,
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",
         # A dispatcher that died is noticed within seconds, so its partitions move quickly.

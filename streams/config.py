@@ -33,3 +33,6 @@ class DispatcherSettings(Section):
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
     log_level: str = "warning"
     """Log level of the faust worker."""
+    changelog_replication: int = Field(default=0, ge=0, le=5)
+    """Replication of the group table's changelog topic; 0: like the run's topics on the
+    live cluster (3 on 3 or more brokers, else 1; resolved when the dispatcher starts)."""

@@ -68,17 +68,20 @@ def up(settings: Settings, only: list[str] | None = None, on_step=None) -> list[
 
 def doctor(settings: Settings) -> list[Check]:
     """Health of every component, without starting anything."""
-    checks = [kafka.probe(settings), redis_local.probe(settings), docker_engine.probe(settings)]
+    cluster = kafka.probe(settings)
+    checks = [cluster, redis_local.probe(settings), docker_engine.probe(settings)]
     if checks[2].healthy:
         checks.append(image.probe(settings))
     else:
         checks.append(_blocked("image", image.image_ref(settings), "docker"))
-    if checks[0].healthy:
+    if cluster.healthy:
         from services import topics
 
         checks.append(topics.check(settings))
     else:
         checks.append(_blocked("topics", f"{settings.topics.prefix}.*", "kafka"))
+    # One line per node of a multi-node local cluster, after the cluster's line.
+    checks[1:1] = kafka.probe_nodes(settings, cluster)
     return checks
 
 
@@ -93,14 +96,11 @@ def _blocked(component: str, endpoint: str, dependency: str) -> Check:
 
 
 def down(settings: Settings) -> list[tuple[str, bool]]:
-    """Stop what `up` started (Kafka, Redis, dockerd), never what it found running.
+    """Stop what `up` started (Kafka node(s), Redis, dockerd), never what it found running.
     Sandbox containers are reaped first, while the engine still answers."""
     reaped = docker_engine.reap_sandboxes(settings)
     stopped = [("sandbox containers", reaped > 0)]
-    for proc in (
-        kafka.process(settings),
-        redis_local.process(settings),
-        docker_engine.process(settings),
-    ):
+    stopped += kafka.stop_all(settings, timeout_s=30)  # every node, whatever kafka.brokers
+    for proc in (redis_local.process(settings), docker_engine.process(settings)):
         stopped.append((proc.name, proc.stop(timeout_s=30)))
     return stopped

@@ -26,9 +26,10 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from services.rollout.sandbox_client import SandboxClient
     from services.settings import Settings
 
+_T = TypeVar("_T")
 log = logging.getLogger("rollstream.feeder")
 ADMISSION_CONCURRENCY = 8
 
@@ -267,17 +269,36 @@ class Feeder:
         counts = self.summary.published
         counts[task.suite] = counts.get(task.suite, 0) + 1
 
+    async def _retrying(self, call: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """await call(*args); a broker that is down (one node of a cluster restarting) is
+        retried for up to a minute instead of ending the feeder."""
+        from aiokafka.errors import KafkaError
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return await call(*args)
+            except KafkaError as exc:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                log.warning("%s: %s; retrying", getattr(call, "__name__", call), exc)
+                await self._sleep(1.0)
+
     async def backlog(self) -> int:
         """Tasks published but not yet committed by the generators' consumer group."""
-        published = await kafka.record_count(self.settings, self.reader, self.tasks_topic)
-        return published - await kafka.committed(self.admin, self.group, self.tasks_topic)
+        published = await self._retrying(
+            kafka.record_count, self.settings, self.reader, self.tasks_topic
+        )
+        return published - await self._retrying(
+            kafka.committed, self.admin, self.group, self.tasks_topic
+        )
 
     async def sandbox_backlog(self) -> int:
         """Sandbox requests published but not yet committed by the sandbox workers."""
         requests = kafka.topic(self.settings, topics.SANDBOX_REQUESTS)
-        published = await kafka.record_count(self.settings, self.reader, requests)
+        published = await self._retrying(kafka.record_count, self.settings, self.reader, requests)
         group = kafka.group(self.settings, topics.SANDBOX_WORKERS)
-        return published - await kafka.committed(self.admin, group, requests)
+        return published - await self._retrying(kafka.committed, self.admin, group, requests)
 
     async def _sandbox_flow(self) -> None:
         """Pause the sandboxed suites while the sandbox tier is backed up (checked at most

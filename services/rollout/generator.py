@@ -208,19 +208,29 @@ class Generator:
                 continue
             last_task = time.monotonic()
             for rec in records:
-                await self._handle(rec)
+                if not await self._handle(rec):
+                    break  # the group rebalanced: the rest of the batch may be another's
 
-    async def _handle(self, rec: kafka.KafkaRecord) -> None:
+    async def _handle(self, rec: kafka.KafkaRecord) -> bool:
+        """Roll the task out and commit it; False when the commit was refused because the
+        group rebalanced meanwhile (another generator joined or left): the task is then
+        redelivered to the partition's new owner (at least once, like a crash)."""
         from aiokafka import TopicPartition
+        from aiokafka.errors import CommitFailedError
 
         task = await self._decode(rec)
         if task is not None:
             group = await self.rollout(task, group_id=task.id)
             if not group:
-                return  # stopped before sampling: the task stays uncommitted for the next one
+                return True  # stopped before sampling: the task stays uncommitted
             await self.publish(group)
         tp = TopicPartition(rec.topic, rec.partition)
-        await self.parts.consumer.commit({tp: rec.offset + 1})
+        try:
+            await self.parts.consumer.commit({tp: rec.offset + 1})
+        except CommitFailedError:
+            log.warning("commit of %s@%d refused after a rebalance; redelivered", tp, rec.offset)
+            return False
+        return True
 
     async def _decode(self, rec: kafka.KafkaRecord) -> Task | None:
         assert self.dead is not None
