@@ -271,7 +271,7 @@ class Feeder:
         """Sandbox requests published but not yet committed by the sandbox workers."""
         requests = kafkaio.topic(self.settings, topics.SANDBOX_REQUESTS)
         published = await kafkaio.record_count(self.reader, requests)
-        group = f"{self.settings.topics.prefix}.sandbox-workers"
+        group = topics.SANDBOX_WORKERS.full_id(self.settings.topics.prefix)
         offsets = await self.admin.list_consumer_group_offsets(group)
         done = sum(max(0, m.offset) for tp, m in offsets.items() if tp.topic == requests)
         return published - done
