@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the reward dispatcher: trajectories -> sandbox -> rewards (a faust worker)."""
         from services.cli import settings_from
-        from streams.service import run
+        from services.dispatcher_wiring import run
 
         settings = settings_from(
             ctx, **{"topics.prefix": prefix, "dispatcher.metrics_port": metrics_port}
