@@ -88,10 +88,10 @@ async def sync_run(s: Settings, state: dict[str, Any], tasks: list[Task], minute
 
     from learner.spec import make_policy
     from learner.trainer import Trainer, train_config
-    from sandbox_workers.sandbox import docker_sandbox
     from services.rollout import evaluate
     from services.rollout.sampler import SuiteSampler
     from services.rollout.textcodec import for_policy
+    from services.sandbox_wiring import docker_sandbox
 
     torch.set_num_threads(1)
     policy = make_policy(s.learner)

@@ -33,9 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 from sandbox_workers.hardening import Limits, container_kwargs  # noqa: E402
 from sandbox_workers.local import LocalRunner  # noqa: E402
-from sandbox_workers.sandbox import VerifyingSandbox, docker_sandbox  # noqa: E402
+from sandbox_workers.sandbox import VerifyingSandbox  # noqa: E402
 from schemas.sandbox import Outcome  # noqa: E402
 from services.infra import docker_engine, image  # noqa: E402
+from services.sandbox_wiring import docker_sandbox  # noqa: E402
 from services.settings import Settings, load  # noqa: E402
 from tests.unit.sandbox_programs import ADD_TESTS, GOOD, pt_request  # noqa: E402
 

@@ -14,15 +14,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sandbox_workers.config import SandboxSettings
 from sandbox_workers.protocol import Execution, Runner
 from sandbox_workers.regex_guard import RegexGuard
 from sandbox_workers.verifiers import InProcessVerifier, Registry, Verdict, default_registry
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
-
-if TYPE_CHECKING:
-    from services.settings import Settings
 
 log = logging.getLogger("rollstream.sandbox")
 _OUTCOMES = {o.value for o in Outcome}
@@ -30,21 +28,21 @@ _OUTCOMES = {o.value for o in Outcome}
 
 @dataclass(frozen=True, slots=True)
 class JobLimits:
-    """Caps and per-job limits the sandbox applies to every request."""
+    """Caps and per-job limits the sandbox applies to every request (from the `[sandbox]`
+    section: `from_section`; its defaults live there only)."""
 
-    max_timeout_s: float = 60.0
-    max_memory_mb: int = 768
-    output_limit: int = 1 << 20
-    keep_output: int = 16 * 1024
-    nproc: int = 32
-    nofile: int = 128
-    fsize_mb: int = 16
-    max_job_bytes: int = 8 << 20
-    retries: int = 2
+    max_timeout_s: float
+    max_memory_mb: int
+    output_limit: int
+    keep_output: int
+    nproc: int
+    nofile: int
+    fsize_mb: int
+    max_job_bytes: int
+    retries: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> JobLimits:
-        s = settings.sandbox
+    def from_section(cls, s: SandboxSettings) -> JobLimits:
         return cls(
             max_timeout_s=s.max_timeout_s, max_memory_mb=s.memory_mb - 256,
             output_limit=s.output_limit_bytes, keep_output=s.keep_output_bytes,
@@ -80,7 +78,7 @@ class VerifyingSandbox:
         registry: Registry | None = None,
     ) -> None:
         self.runner = runner
-        self.limits = limits or JobLimits()
+        self.limits = limits or JobLimits.from_section(SandboxSettings())
         self.worker_id = worker_id
         self._guard = RegexGuard()
         self.registry = registry or default_registry(self._guard)
@@ -156,29 +154,3 @@ class VerifyingSandbox:
     async def close(self) -> None:
         await self._guard.close()
         await self.runner.close()
-
-
-async def docker_sandbox(settings: Settings, worker_id: str | None = None) -> VerifyingSandbox:
-    """The real one: a started warm pool of hardened containers."""
-    import socket
-
-    from sandbox_workers.hardening import Limits
-    from sandbox_workers.pool import ContainerPool, PoolConfig
-    from services.infra import docker_engine, image
-
-    s = settings.sandbox
-    limits = Limits(memory_mb=s.memory_mb, cpus=s.cpus, pids=s.pids, tmpfs_mb=s.tmpfs_mb)
-    pool = ContainerPool(
-        PoolConfig(
-            image=image.image_ref(settings), limits=limits, size=s.pool_size,
-            docker_endpoint=docker_engine.endpoint(settings), exec_grace_s=s.exec_grace_s,
-            max_jobs_per_container=s.max_jobs_per_container,
-        )
-    )  # fmt: skip
-    try:
-        await pool.start()
-    except BaseException:
-        await pool.close()
-        raise
-    wid = worker_id or s.worker_id or socket.gethostname()
-    return VerifyingSandbox(pool, JobLimits.from_settings(settings), wid)

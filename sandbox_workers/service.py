@@ -1,4 +1,4 @@
-"""The sandbox worker service (`rollstream sandbox-worker`).
+"""The sandbox worker (`rollstream sandbox-worker`; services/sandbox_wiring.py builds it).
 
 Consumes `{prefix}.sandbox.requests` in the consumer group `{prefix}.sandbox-workers`
 (read_committed), runs up to `sandbox.pool_size` jobs at once, and publishes each result on
@@ -11,6 +11,10 @@ attempt are remembered in Redis after each commit, so a request published twice 
 is answered once. Undecodable requests go to the DLQ (in the same transactions).
 SIGTERM/SIGINT: stop consuming, let in-flight jobs finish for `shutdown_grace_s`,
 publish what finished, leave the rest uncommitted for another worker, remove the pool.
+
+The Kafka side is a `ports.WorkerIO` (services/sandbox_wiring.py: services/kafka.py's
+transactional producer and read_committed group consumer), the claim check a
+`ports.ClaimChecks`; this module never builds a client itself.
 """
 
 from __future__ import annotations
@@ -18,62 +22,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from aiokafka.abc import ConsumerRebalanceListener
 
 from sandbox_workers import metrics
 from sandbox_workers.dedup import Dedup
 from sandbox_workers.outbox import Entry, Outbox
+from sandbox_workers.ports import (
+    ClaimChecks,
+    DeadLetter,
+    Fenced,
+    Incoming,
+    Partition,
+    Publish,
+    WorkerIO,
+)
 from sandbox_workers.protocol import Sandbox
-from schemas import topics
 from schemas.codec import SchemaError
 from schemas.sandbox import SandboxRequest
 
 if TYPE_CHECKING:
-    from schemas.claimcheck import ClaimCheck
-    from services.settings import Settings
+    from sandbox_workers.config import SandboxSettings
 
 log = logging.getLogger("rollstream.sandbox.worker")
 COMMITTED_MEMORY = 100_000
 MAX_FAILED_FLUSHES = 30
-
-
-@dataclass
-class Publish:
-    topic: str
-    key: bytes
-    value: bytes
-
-
-@dataclass
-class DeadLetter:
-    kwargs: dict[str, Any] = field(default_factory=dict)
+REBALANCE_DRAIN_S = 15.0
 
 
 class SandboxWorker:
     def __init__(
         self,
-        settings: Settings,
+        section: SandboxSettings,
+        io: WorkerIO,
         sandbox: Sandbox,
         worker_id: str,
-        claim_check: ClaimCheck,
+        claim_check: ClaimChecks,
         dedup: Dedup,
     ) -> None:
-        prefix = settings.topics.prefix
-        self.settings, self.sandbox, self.worker_id = settings, sandbox, worker_id
+        self.section, self.io, self.sandbox, self.worker_id = section, io, sandbox, worker_id
         self.claim_check, self.dedup = claim_check, dedup
-        self.requests_topic = topics.SANDBOX_REQUESTS.full_name(prefix)
-        self.results_topic = topics.SANDBOX_RESULTS.full_name(prefix)
-        self.dlq_topic = topics.DLQ.full_name(prefix)
-        self.group_id = f"{prefix}.sandbox-workers"
-        self.transactional_id = f"{prefix}.sandbox-worker.{worker_id}"
-        self.concurrency = settings.sandbox.pool_size
-        self.outbox: Outbox[Any] = Outbox()
-        self.tasks: dict[asyncio.Task[None], Any] = {}
+        self.concurrency = section.pool_size
+        self.outbox: Outbox[Partition] = Outbox()
+        self.tasks: dict[asyncio.Task[None], Partition] = {}
         self.claimed: dict[str, Entry] = {}
         """Idempotency keys of requests consumed and not yet committed, by entry."""
         self.committed: OrderedDict[str, None] = OrderedDict()
@@ -81,13 +72,11 @@ class SandboxWorker:
         self._txn_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
-        self.producer: Any = None
-        self.consumer: Any = None
         self.fatal = ""
         self.commits = 0
         self.failed_flushes = 0
 
-    async def _handle(self, record: Any, entry: Entry) -> None:
+    async def _handle(self, record: Incoming, entry: Entry) -> None:
         metrics.REQUESTS.inc()
         try:
             request = await self._decode(record)
@@ -108,7 +97,7 @@ class SandboxWorker:
         metrics.JOB_SECONDS.observe(result.duration_s)
         metrics.QUEUE_SECONDS.observe(result.queue_s)
         value = await self._retrying(self.claim_check.pack, result)
-        out = Publish(self.results_topic, result.group_id.encode(), value)
+        out = Publish(result.group_id.encode(), value)
         self._finish(entry, [out], labels=(result.outcome.value, result.verifier_name or "?"))
 
     def _duplicate(self, entry: Entry) -> None:
@@ -133,7 +122,7 @@ class SandboxWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def _decode(self, record: Any) -> SandboxRequest:
+    async def _decode(self, record: Incoming) -> SandboxRequest:
         """Decode a request; store outages are retried (only bad data is dead-lettered)."""
         if record.value is None:
             raise SchemaError("bytes", "value", "empty record (tombstone)")
@@ -142,15 +131,9 @@ class SandboxWorker:
         )
         return request
 
-    def _dead_letter(self, record: Any, exc: SchemaError) -> DeadLetter:
+    def _dead_letter(self, record: Incoming, exc: SchemaError) -> DeadLetter:
         metrics.DEAD_LETTERS.inc()
-        return DeadLetter(
-            dict(
-                reason=f"undecodable sandbox request: {exc}", source_topic=record.topic,
-                partition=record.partition, offset=record.offset, key=record.key,
-                value=record.value, consumer=f"sandbox-worker/{self.worker_id}", error=exc,
-            )
-        )  # fmt: skip
+        return DeadLetter(record, f"undecodable sandbox request: {exc}", exc)
 
     def _finish(
         self, entry: Entry, outputs: list[Any], labels: tuple[str, str] | None = None
@@ -162,19 +145,11 @@ class SandboxWorker:
 
     async def flush(self) -> None:
         """Publish every finished prefix with its offsets in one transaction."""
-        from schemas.deadletter import publish_dead_letter
-
         async with self._txn_lock:
             batch = self.outbox.ready()
             if not batch:
                 return
-            async with self.producer.transaction():
-                for item in batch.outputs:
-                    if isinstance(item, Publish):
-                        await self.producer.send(item.topic, item.value, key=item.key)
-                    else:
-                        await publish_dead_letter(self.producer, self.dlq_topic, **item.kwargs)
-                await self.producer.send_offsets_to_transaction(batch.offsets, self.group_id)
+            await self.io.publish(batch.outputs, batch.offsets)
             keys = [e.key for e in self.outbox.commit(batch) if e.key]
             metrics.TRANSACTIONS.inc()
             self.commits += 1
@@ -198,15 +173,11 @@ class SandboxWorker:
                 metrics.CONTAINERS_REPLACED.set(replaced)
 
     async def _flush_retrying(self) -> None:
-        from aiokafka.errors import ProducerFenced
-
         try:
             await self.flush()
             self.failed_flushes = 0
-        except ProducerFenced:
-            self.fatal = (
-                f"fenced: another worker runs with the transactional id {self.transactional_id}"
-            )
+        except Fenced as exc:
+            self.fatal = f"fenced: {exc}"
         except Exception as exc:  # broker trouble: the batch stays in the outbox
             metrics.TRANSACTION_ERRORS.inc()
             self.failed_flushes += 1
@@ -215,7 +186,7 @@ class SandboxWorker:
                 self.fatal = f"publishing failed {self.failed_flushes} times in a row: {exc}"
             await asyncio.sleep(1.0)
 
-    async def drain(self, timeout_s: float, partitions: list[Any] | None = None) -> None:
+    async def drain(self, timeout_s: float, partitions: list[Partition] | None = None) -> None:
         """Let in-flight jobs (of `partitions`, or all) finish for up to timeout_s, publish
         what finished, cancel the rest (they stay uncommitted and are redelivered)."""
         mine = [t for t, p in self.tasks.items() if partitions is None or p in partitions]
@@ -232,10 +203,8 @@ class SandboxWorker:
         for entry in dropped:  # not committed: the next owner answers them
             self._unclaim(entry)
 
-    def _start(self, record: Any) -> None:
-        from aiokafka import TopicPartition
-
-        tp = TopicPartition(record.topic, record.partition)
+    def _start(self, record: Incoming) -> None:
+        tp = (record.topic, record.partition)
         entry = self.outbox.add(tp, record.offset)
         task = asyncio.get_running_loop().create_task(self._handle(record, entry))
         self.tasks[task] = tp
@@ -253,33 +222,14 @@ class SandboxWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set (or a fatal error), then shut down cleanly."""
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-        endpoint = self.settings.kafka.endpoint
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=endpoint, transactional_id=self.transactional_id,
-            enable_idempotence=True, acks="all", transaction_timeout_ms=60000,
-        )  # fmt: skip
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=endpoint, group_id=self.group_id, enable_auto_commit=False,
-            isolation_level="read_committed", auto_offset_reset="earliest",
-            session_timeout_ms=10000, heartbeat_interval_ms=2000, max_poll_interval_ms=300000,
-        )  # fmt: skip
-        await self.producer.start()
-        try:
-            self.consumer.subscribe([self.requests_topic], listener=_Rebalance(self))
-            await self.consumer.start()
+        async with self.io.session(self._revoked):
             flusher = asyncio.get_running_loop().create_task(self._flusher(stop))
             try:
                 await self._consume(stop)
             finally:
                 stop.set()
-                await self.drain(self.settings.sandbox.shutdown_grace_s)
+                await self.drain(self.section.shutdown_grace_s)
                 await flusher
-        finally:
-            with contextlib.suppress(Exception):
-                await self.consumer.stop()
-            await self.producer.stop()
         log.info("sandbox worker %s stopped after %d transactions", self.worker_id, self.commits)
         if self.fatal:
             raise RuntimeError(f"sandbox worker stopped: {self.fatal}")
@@ -298,66 +248,9 @@ class SandboxWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), 0.2)
                 continue
-            batch = await self.consumer.getmany(timeout_ms=200, max_records=room)
-            for records in batch.values():
-                for record in records:
-                    self._start(record)
+            for record in await self.io.fetch(room, timeout_ms=200):
+                self._start(record)
 
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Before partitions move: publish what finished, let running jobs finish briefly."""
-
-    def __init__(self, worker: SandboxWorker) -> None:
-        self.worker = worker
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.worker.drain(REBALANCE_DRAIN_S, list(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        return None
-
-
-REBALANCE_DRAIN_S = 15.0
-
-
-async def serve(
-    settings: Settings, worker_id: str | None = None, early_stop: list[int] | None = None
-) -> int:
-    """Run a worker until SIGTERM/SIGINT; returns the exit code. `early_stop` collects
-    signals caught before the event loop ran (they also mean: shut down cleanly)."""
-    import socket
-
-    from sandbox_workers.sandbox import docker_sandbox
-    from services import blobs
-
-    wid = worker_id or settings.sandbox.worker_id or socket.gethostname()
-    if settings.sandbox.worker_metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.sandbox.worker_metrics_port, addr="127.0.0.1")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if early_stop:
-        stop.set()
-    try:
-        sandbox = await docker_sandbox(settings, wid)
-    except Exception as exc:  # no image, no engine: say so plainly
-        log.error("cannot start the sandbox pool: %s", exc)
-        return 2
-    claim_check = blobs.from_settings(settings)
-    dedup = Dedup(settings.redis.endpoint, settings.topics.prefix, settings.sandbox.dedup_ttl_s)
-    worker = SandboxWorker(settings, sandbox, wid, claim_check, dedup)
-    log.info("sandbox worker %s: %s -> %s", wid, worker.requests_topic, worker.results_topic)
-    try:
-        if not stop.is_set():
-            await worker.run(stop)
-    except Exception as exc:
-        log.error("%s", exc)
-        return 1
-    finally:
-        await sandbox.close()
-        await claim_check.aclose()
-        await dedup.close()
-    return 0
+    async def _revoked(self, revoked: list[Partition]) -> None:
+        """Before partitions move: publish what finished, let running jobs finish briefly."""
+        await self.drain(REBALANCE_DRAIN_S, revoked)

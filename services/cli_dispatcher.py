@@ -22,8 +22,8 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         from services.cli_common import settings_from
+        from services.dispatcher_wiring import run
         from services.topics import cluster_replication
-        from streams.service import run
 
         settings = settings_from(
             ctx, **{"topics.prefix": prefix, "dispatcher.metrics_port": metrics_port}

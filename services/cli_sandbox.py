@@ -107,8 +107,8 @@ def exec_(
     import asyncio
 
     from sandbox_workers.rewards import reward
-    from sandbox_workers.sandbox import docker_sandbox
     from services.cli_common import settings_from
+    from services.sandbox_wiring import docker_sandbox
 
     settings = settings_from(ctx, **{"sandbox.pool_size": 1})
     request = _request(
@@ -169,8 +169,8 @@ def worker(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: early.append(signum))
 
-    from sandbox_workers.service import serve
     from services.cli_common import settings_from
+    from services.sandbox_wiring import serve
 
     settings = settings_from(
         ctx,

@@ -207,7 +207,7 @@ class Demo:
         if not tasks[0].verifier.needs_sandbox:
             judge = evaluate.in_process_judge(self.s)
             return await evaluate.evaluate(policy, text, tasks, judge, self.s, n)
-        from sandbox_workers.sandbox import docker_sandbox
+        from services.sandbox_wiring import docker_sandbox
 
         sandbox = await docker_sandbox(self.s, f"{self.s.topics.prefix}-eval")
         try:

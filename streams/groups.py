@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -25,6 +26,9 @@ from schemas import codec
 from schemas.learning import LedgerEntry, LedgerStatus
 from schemas.rollout import ScoredTrajectory, Trajectory
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
+
+if TYPE_CHECKING:
+    from streams.config import DispatcherSettings
 
 
 class Score(msgspec.Struct, kw_only=True):
@@ -66,20 +70,32 @@ class GroupState(msgspec.Struct, kw_only=True):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Dispatcher timing and retry rules (from settings.dispatcher)."""
+    """Dispatcher timing and retry rules: `from_section(settings.dispatcher)` (the section
+    holds the defaults and the docs of each field)."""
 
-    request_deadline_s: float = 60.0
+    request_deadline_s: float
     """A sandbox result missing this long after its request is retried."""
-    max_attempts: int = 3
+    max_attempts: int
     """Attempts per request (sandbox_error or a missing result) before masking."""
-    group_deadline_s: float = 300.0
+    group_deadline_s: float
     """A group still incomplete this long after its first member is emitted partially."""
-    tombstone_ttl_s: float = 3600.0
+    tombstone_ttl_s: float
     """How long an emitted group's member ids are kept to reject redeliveries."""
-    timeout_s: float = 10.0
+    timeout_s: float
     """Sandbox wall-clock limit per job."""
-    memory_mb: int = 256
+    memory_mb: int
     """Sandbox memory limit per job."""
+
+    @classmethod
+    def from_section(cls, d: DispatcherSettings) -> Policy:
+        return cls(
+            request_deadline_s=d.request_deadline_s,
+            max_attempts=d.max_attempts,
+            group_deadline_s=d.group_deadline_s,
+            tombstone_ttl_s=d.tombstone_ttl_s,
+            timeout_s=d.sandbox_timeout_s,
+            memory_mb=d.sandbox_memory_mb,
+        )
 
 
 @dataclass

@@ -19,7 +19,6 @@ from streams.groups import Score, ScoreInline, ScoreResult
 
 if TYPE_CHECKING:
     from sandbox_workers.config import RewardsSettings
-    from services.settings import Settings
 
 
 def to_score(
@@ -34,8 +33,8 @@ def to_score(
     return Score(outcome=outcome, reward=value, passed=passed, total=total, components=components)
 
 
-def score_result(settings: Settings) -> ScoreResult:
-    cfg = settings.rewards
+def score_result(cfg: RewardsSettings) -> ScoreResult:
+    """Sandbox result -> Score under the `[rewards]` map."""
 
     def score(result: SandboxResult) -> Score:
         s = to_score(result.outcome, result.passed, result.total, cfg, result.detail)
@@ -47,8 +46,8 @@ def score_result(settings: Settings) -> ScoreResult:
     return score
 
 
-def score_inline(settings: Settings) -> ScoreInline:
-    cfg = settings.rewards
+def score_inline(cfg: RewardsSettings) -> ScoreInline:
+    """Trajectory -> Score by its in-process verifier, under the `[rewards]` map."""
     registry = default_registry()
 
     async def score(traj: Trajectory) -> Score:

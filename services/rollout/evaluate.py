@@ -3,7 +3,7 @@
 Per task: one greedy completion (temperature 0) and `samples` sampled ones (the
 generators' temperature and top-p). Each is judged by the task's own verifier, with the
 same reward map as training: in-process verifiers right here, sandboxed ones in a warm
-pool of hardened containers (`sandbox_workers.sandbox.docker_sandbox`).
+pool of hardened containers (`services.sandbox_wiring.docker_sandbox`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from sandbox_workers.sandbox import VerifyingSandbox, docker_sandbox
+from sandbox_workers.sandbox import VerifyingSandbox
 from schemas.sandbox import Outcome
+from services.sandbox_wiring import docker_sandbox
 from services.settings import Settings
 from tests.integration import sandbox_hostile_programs as hp
 from tests.integration.sandbox_leaks import of_pool, owned_by

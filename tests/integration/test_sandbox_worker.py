@@ -151,10 +151,10 @@ async def test_exactly_one_result_per_request_across_a_sigkill(
 
 
 async def test_dead_letters_dedup_and_inline_verifiers(settings: Settings, prefix: str) -> None:
+    from sandbox_workers.dedup import Dedup
     from sandbox_workers.local import LocalRunner
     from sandbox_workers.sandbox import VerifyingSandbox
-    from sandbox_workers.service import Dedup, SandboxWorker
-    from services import blobs
+    from services import blobs, sandbox_wiring
 
     run = run_settings(settings, prefix)
     await topics.ensure(run)
@@ -176,7 +176,7 @@ async def test_dead_letters_dedup_and_inline_verifiers(settings: Settings, prefi
     sandbox = VerifyingSandbox(LocalRunner(), worker_id="inproc")
     claim_check = blobs.from_settings(run)
     dedup = Dedup(run.redis.endpoint, prefix, 60)
-    worker = SandboxWorker(run, sandbox, "inproc", claim_check, dedup)
+    worker = sandbox_wiring.worker(run, sandbox, "inproc", claim_check, dedup)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -211,10 +211,10 @@ async def test_stop_with_jobs_in_flight_loses_and_repeats_nothing(
     the next worker answers each of them once."""
     from prometheus_client import REGISTRY
 
+    from sandbox_workers.dedup import Dedup
     from sandbox_workers.local import LocalRunner
     from sandbox_workers.sandbox import VerifyingSandbox
-    from sandbox_workers.service import Dedup, SandboxWorker
-    from services import blobs
+    from services import blobs, sandbox_wiring
 
     run = run_settings(settings, prefix)
     run = run.model_copy(
@@ -232,7 +232,7 @@ async def test_stop_with_jobs_in_flight_loses_and_repeats_nothing(
         sandbox = VerifyingSandbox(LocalRunner(concurrency=2), worker_id="drain")
         claim_check = blobs.from_settings(run)
         dedup = Dedup(run.redis.endpoint, prefix, 60)
-        worker = SandboxWorker(run, sandbox, "drain", claim_check, dedup)
+        worker = sandbox_wiring.worker(run, sandbox, "drain", claim_check, dedup)
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         for _ in range(300):  # at most a minute

@@ -7,6 +7,7 @@ memory bombs, background survivors, killers) run in the hardened containers only
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -164,7 +165,7 @@ async def test_candidate_output_is_captured_and_capped(sandbox: VerifyingSandbox
     r = await sandbox.run(pt_request(code))
     assert r.outcome == Outcome.PASSED and r.stdout == "hello\n" and r.stderr == "warn\n"
     flood = "print('y' * 100_000)\n" + GOOD
-    sandbox.limits = type(sandbox.limits)(keep_output=1000, output_limit=50_000)
+    sandbox.limits = replace(sandbox.limits, keep_output=1000, output_limit=50_000)
     r = await sandbox.run(pt_request(flood))
     assert r.outcome == Outcome.OUTPUT_LIMIT and r.truncated and len(r.stdout) <= 1000
 

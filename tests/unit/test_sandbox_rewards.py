@@ -118,16 +118,18 @@ class FlakyRunner:
 
 
 async def test_sandbox_error_is_retried_then_reported() -> None:
+    from sandbox_workers.config import SandboxSettings
     from sandbox_workers.sandbox import JobLimits, VerifyingSandbox
     from tests.unit.sandbox_programs import GOOD, pt_request
 
+    limits = JobLimits.from_section(SandboxSettings(retries=2))
     runner = FlakyRunner(failures=2)
-    sb = VerifyingSandbox(runner, JobLimits(retries=2), worker_id="w")
+    sb = VerifyingSandbox(runner, limits, worker_id="w")
     r = await sb.run(pt_request(GOOD))
     assert (r.outcome, runner.calls, r.worker_id) == (Outcome.PASSED, 3, "w/c3")
     assert r.image_digest == "sha256:test"
     runner = FlakyRunner(failures=10)
-    sb = VerifyingSandbox(runner, JobLimits(retries=2), worker_id="w")
+    sb = VerifyingSandbox(runner, limits, worker_id="w")
     r = await sb.run(pt_request(GOOD))
     assert (r.outcome, runner.calls) == (Outcome.SANDBOX_ERROR, 3)
     assert reward(r.outcome, r.passed, r.total, CFG) is None
@@ -135,6 +137,9 @@ async def test_sandbox_error_is_retried_then_reported() -> None:
 
 
 async def test_limits_are_capped_and_noted() -> None:
+    from dataclasses import replace
+
+    from sandbox_workers.config import SandboxSettings
     from sandbox_workers.sandbox import JobLimits, VerifyingSandbox
     from tests.unit.sandbox_programs import GOOD, pt_request
 
@@ -145,7 +150,10 @@ async def test_limits_are_capped_and_noted() -> None:
             seen.append(job)
             return Execution({"outcome": "passed", "passed": 1, "total": 1}, where="c")
 
-    sb = VerifyingSandbox(Recorder(0), JobLimits(max_timeout_s=3, max_memory_mb=300))
+    sb = VerifyingSandbox(
+        Recorder(0),
+        replace(JobLimits.from_section(SandboxSettings()), max_timeout_s=3, max_memory_mb=300),
+    )
     r = await sb.run(pt_request(GOOD, timeout_s=100.0, memory_mb=4096))
     assert (seen[0]["timeout_s"], seen[0]["memory_mb"]) == (3, 300)
     assert "timeout set to 3s" in r.detail and "memory set to 300 MiB" in r.detail

@@ -10,9 +10,14 @@ from schemas import codec
 from schemas.rollout import Trajectory
 from schemas.sandbox import Outcome, SandboxResult, VerifierSpec
 from streams import groups
+from streams.config import DispatcherSettings
 from streams.groups import GroupState, Policy, Score
 
-POLICY = Policy(request_deadline_s=10, max_attempts=3, group_deadline_s=100, tombstone_ttl_s=50)
+POLICY = Policy.from_section(
+    DispatcherSettings(
+        request_deadline_s=10, max_attempts=3, group_deadline_s=100, tombstone_ttl_s=50
+    )
+)
 
 
 def traj(group: str = "g1", index: int = 0, size: int = 4, sandbox: bool = True) -> Trajectory:
