@@ -199,7 +199,7 @@ class DataParallelTrainer(Trainer):
         model = self._full_model()
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optim = get_optimizer_state_dict(self.policy, self.optimizer, options=opts)  # type: ignore[arg-type]
-        return model, _by_index(dict(optim))
+        return model, (_by_index(dict(optim)) if optim else {})  # empty off rank 0
 
     def load_full(self, model: dict[str, Tensor] | None, optim: dict[str, Any] | None) -> None:
         """Every rank takes rank 0's restored state (`model`, `optim` given on rank 0)."""

@@ -11,11 +11,13 @@ import torch
 from safetensors.torch import save_file
 
 from learner import distributed
+from learner.checkpoint import CheckpointManager, CheckpointState
 from learner.config import LearnerSettings
-from learner.parallel import DataParallelTrainer, follow
+from learner.parallel import DataParallelTrainer, ReplicaCheckpoints, follow
 from learner.sample import Sample, from_scored
 from learner.service import trainer
 from learner.synthetic import scored
+from learner.trainer import Trainer
 
 STEPS = 4
 
@@ -50,11 +52,20 @@ def batches(steps: int = STEPS, per_batch: int = 11) -> list[list[Sample]]:
     return out
 
 
+def _checkpoints(t: Trainer, root: str) -> CheckpointManager:
+    if isinstance(t, DataParallelTrainer):
+        return ReplicaCheckpoints(root, t)
+    return CheckpointManager(root)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--parallel", default="ddp")
     parser.add_argument("--minibatches", type=int, default=1)
+    parser.add_argument("--batches", default=f"0:{STEPS}", help="which batches: FIRST:END")
+    parser.add_argument("--resume", default=None, help="checkpoint dir to start from")
+    parser.add_argument("--save", default=None, help="checkpoint dir to save to at the end")
     args = parser.parse_args()
     torch.set_num_threads(1)
     t = trainer(section(args.parallel, args.minibatches))
@@ -62,8 +73,14 @@ def main() -> int:
         follow(t)
         distributed.shutdown()
         return 0
-    for batch in batches():
+    first, end = (int(x) for x in args.batches.split(":"))
+    if args.resume:
+        assert _checkpoints(t, args.resume).load_latest(t.policy, t.optimizer)  # type: ignore[arg-type]
+    for batch in batches()[first:end]:
         t.step(batch)
+    if args.save:
+        state = CheckpointState(version=0, step=t.steps)
+        _checkpoints(t, args.save).save(state, t.policy, t.optimizer)  # type: ignore[arg-type]
     weights = t.weights()
     if isinstance(t, DataParallelTrainer):
         t.channel.command(distributed.Op.STOP)
