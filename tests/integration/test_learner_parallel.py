@@ -4,9 +4,12 @@ trajectory once; no rank outlives the job."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,46 @@ async def test_two_ranks_train_publish_and_ledger_every_trajectory_once(
     summary = proc.stdout.strip().splitlines()[-1]
     print(f"\n--nproc 2: {first.stdout.strip()} then {summary}; "
           f"{len(updates)} announcements, {len(fates)} trained once")  # fmt: skip
+
+
+def _sigterm_after(
+    cmd: list[str], env: dict[str, str], err: Path, pattern: str
+) -> tuple[subprocess.Popen[bytes], bytes, str]:
+    """Start `cmd`, SIGTERM it once `pattern` is in its stderr, wait (bounded) for its end."""
+    with err.open("wb") as f:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=f)
+    try:
+        deadline = time.monotonic() + 180
+        while pattern not in err.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, err.read_text()[-4000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc, out, err.read_text()
+
+
+@pytest.mark.usefixtures("kafka_redis", "redis_cleanup")
+async def test_sigterm_to_the_launcher_stops_every_rank_cleanly(
+    settings: Settings, prefix: str, tmp_path: Path
+) -> None:
+    run = _run(settings, prefix)
+    await topics.ensure(run)
+    await _produce(run, prefix, _records(_batch(0, 40, version_of=0)))
+    sets = [a for kv in _overrides(prefix, tmp_path, "redis") for a in ("--set", kv)]
+    sets += ["--set", "learner.max_lag=100", "--set", "learner.checkpoint_every=100"]
+    cmd = [sys.executable, "-m", "services.cli", *sets, "learner", "--nproc", "2",
+           "--max-seconds", "240"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc, out, log = _sigterm_after(cmd, env, tmp_path / "err.log", "step 5 ")
+    assert proc.returncode == 0, log[-4000:]
+    assert not _ranks_alive(prefix), "a rank outlived the job"
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["steps"] == 5 and summary["samples"] == {"trained": 40}
+    ckpts = sorted((tmp_path / "ckpt" / prefix / "default").glob("ckpt-*"))
+    assert ckpts  # the clean stop checkpointed (checkpoint_every is far away)
+    updates = await _check_announcements(run, prefix)
+    assert updates[-1].step == 5
