@@ -110,6 +110,7 @@ class DataParallelTrainer(Trainer):
 
     @torch.no_grad()
     def _proximal(self, samples: Sequence[Sample]) -> list[Tensor]:
+        """log pi_prox of the samples this rank trains on (the others' stay empty)."""
         out: list[Tensor] = [torch.empty(0)] * len(samples)
         for mini in split_even(list(range(len(samples))), self.cfg.minibatches):
             part, groups = self._shares([samples[i] for i in mini])
