@@ -10,4 +10,7 @@
 - weights.py: weight stores (Redis chunks, directory). checkpoint.py: atomic checkpoints.
 - io.py: the Protocols of its Kafka IO; loop.py: the service loop; metrics.py; service.py:
   the service from its section and ports (services/learner_service.py wires the real ones).
+- parallel.py: the data-parallel learner (ddp, fsdp) on torch.distributed; rank 0 alone
+  does all IO and drives the other ranks; distributed.py: its process group and the
+  rank-0 channel (commands and batches as tensors).
 """

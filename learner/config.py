@@ -40,6 +40,13 @@ class LearnerSettings(Section):
     """Seed of the initial weights and every RNG of the learner."""
     device: str = "auto"
     """Torch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:1` ..."""
+    nproc: int = Field(default=1, ge=1)
+    """Processes of `rollstream learner` on this host (data-parallel ranks, one device each;
+    learner/parallel.py). Under torchrun the environment's WORLD_SIZE rules instead."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How several ranks share the model: `ddp` (a full replica each, gradients all-reduced)
+    or `fsdp` (FULL_SHARD: parameters, gradients and optimizer state sharded over the ranks,
+    for a model that does not fit one device)."""
     amp: bool = True
     """bf16 autocast on devices that support it (the loss stays float32)."""
     lr: float = Field(default=3e-4, gt=0)

@@ -345,7 +345,7 @@ class Learner:
         points at a complete blob."""
         t0 = time.monotonic()
         version = self.version + 1
-        weights = await asyncio.to_thread(self.trainer.policy.weights)
+        weights = await asyncio.to_thread(self.trainer.weights)
         ref = await asyncio.to_thread(self.store.put, version, weights)
         update = WeightUpdate(
             policy=self.cfg.policy,

@@ -7,6 +7,10 @@ limit; the caller then closes the ports and `learner.metrics`. SIGKILL loses onl
 since the last checkpoint, which a restart redoes. The real ports (the aiokafka
 `LearnerIO`, the claim check's unpack, the weight store, the directories) are wired in by
 services/learner_service.py (`rollstream learner`).
+
+Data-parallel (learner/parallel.py): with several ranks in the environment (torchrun's
+RANK/WORLD_SIZE...), rank 0 runs `build` + `serve` with the ports as above and drives the
+others; every other rank runs `follow(section)` and is given no ports at all.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from learner import distributed, parallel
 from learner.checkpoint import CheckpointManager
 from learner.config import LearnerSettings, configure
+from learner.distributed import DistEnv
 from learner.io import LearnerIO
 from learner.loop import Learner, LoopConfig, Summary, Unpack
 from learner.metrics import LearnerMetrics
+from learner.parallel import DataParallelTrainer, ReplicaCheckpoints
 from learner.spec import make_policy
 from learner.trainer import Trainer, pick_device, train_config
 from learner.weights import WeightStore
@@ -70,18 +77,45 @@ class Ports:
     """Who writes the ledger entries and dead letters."""
 
 
-def build(section: LearnerSettings, ports: Ports, **limits: float | int | None) -> Learner:
-    """Policy (and the reference policy when kl_coef > 0), trainer, checkpoints, metrics and
-    the loop. `limits`: max_steps, max_seconds, idle_exit_s."""
+def trainer(section: LearnerSettings, env: DistEnv | None = None) -> Trainer:
+    """The trainer of this process: a `DataParallelTrainer` when `env` (default: torchrun's
+    environment) has several ranks (the process group is joined here), else a `Trainer`."""
+    env = env or DistEnv.from_env()
     seed_everything(section.seed)
     ref = make_policy(section) if section.kl_coef > 0 else None
-    trainer = Trainer(
-        make_policy(section), train_config(section), pick_device(section.device), ref_policy=ref
-    )
+    device = distributed.rank_device(pick_device(section.device), env)
+    policy, cfg = make_policy(section), train_config(section)
+    if not env.distributed:
+        return Trainer(policy, cfg, device, ref_policy=ref)
+    distributed.init_process_group(env, device)
+    return DataParallelTrainer(policy, cfg, device, parallel=section.parallel, ref_policy=ref)
+
+
+def follow(section: LearnerSettings) -> int:
+    """A rank other than 0: train as rank 0 commands, until it stops; no Kafka, no Redis,
+    no files. Returns the steps taken."""
+    for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0 stops the job, or the launcher
+        signal.signal(sig, signal.SIG_IGN)
+    t = trainer(section)
+    if not isinstance(t, DataParallelTrainer) or t.rank == 0:
+        raise RuntimeError("learner.service.follow runs on ranks other than 0 only")
+    try:
+        return parallel.follow(t)
+    finally:
+        distributed.shutdown()
+
+
+def build(section: LearnerSettings, ports: Ports, **limits: float | int | None) -> Learner:
+    """Policy (and the reference policy when kl_coef > 0), trainer, checkpoints, metrics and
+    the loop. `limits`: max_steps, max_seconds, idle_exit_s. On rank 0 of a data-parallel
+    job the trainer drives the other ranks and checkpoints hold the full state."""
+    t = trainer(section)
     metrics = LearnerMetrics(section.metrics_port, ports.tensorboard_dir)
     checkpoints = CheckpointManager(ports.checkpoint_dir, keep=section.checkpoint_keep)
+    if isinstance(t, DataParallelTrainer):
+        checkpoints = ReplicaCheckpoints(ports.checkpoint_dir, t, keep=section.checkpoint_keep)
     cfg = loop_config(section, ports.prefix, writer=ports.writer, **limits)
-    return Learner(cfg, trainer, ports.store, checkpoints, ports.io, ports.unpack, metrics)
+    return Learner(cfg, t, ports.store, checkpoints, ports.io, ports.unpack, metrics)
 
 
 async def serve(learner: Learner) -> Summary:
@@ -90,11 +124,14 @@ async def serve(learner: Learner) -> Summary:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, learner.request_stop)
-    trainer = learner.trainer
-    log.info("learner on %s (autocast %s)", trainer.device, trainer.amp_dtype)
+    t = learner.trainer
+    log.info("learner on %s (autocast %s)", t.device, t.amp_dtype)
     try:
         return await learner.run()
     finally:
+        if isinstance(t, DataParallelTrainer):  # the other ranks end with rank 0
+            t.channel.command(distributed.Op.STOP)
+            distributed.shutdown()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

@@ -80,6 +80,7 @@ class Trainer:
         self.policy = policy
         policy.to(self.device)
         policy.train()
+        self._wrap()
         self.ref_policy = ref_policy
         if ref_policy is not None:
             ref_policy.to(self.device)
@@ -92,6 +93,10 @@ class Trainer:
         )
         self.amp_dtype = autocast_dtype(self.device, cfg.amp)
         self.steps = 0
+
+    def _wrap(self) -> None:
+        """Hook between placing the policy and building its optimizer (learner/parallel.py
+        shards it there)."""
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(
@@ -120,42 +125,57 @@ class Trainer:
     def _update(self, samples: Sequence[Sample], prox: list[Tensor] | None) -> LossStats:
         self.optimizer.zero_grad(set_to_none=True)
         num_tokens = float(sum(s.trained_tokens for s in samples))
+        groups = micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens)
         stats = LossStats()
+        for group in groups:
+            stats.merge(self._backward(samples, group, prox, num_tokens))
+        return self._apply(stats)
+
+    def _backward(
+        self,
+        samples: Sequence[Sample],
+        group: list[int],
+        prox: list[Tensor] | None,
+        num_tokens: float,
+    ) -> LossStats:
+        """Forward and backward of one micro-batch; gradients accumulate."""
         want_entropy = self.cfg.loss.entropy_coef > 0
-        for group in micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens):
-            batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
-            logp, ent = self._logprobs(
-                self.policy, batch.tokens, batch.attention_mask, want_entropy
-            )
-            ref = None
-            if self.ref_policy is not None and self.cfg.loss.kl_coef:
-                with torch.no_grad():
-                    ref, _ = self._logprobs(
-                        self.ref_policy, batch.tokens, batch.attention_mask, False
-                    )
-            prox_t = None
-            if prox is not None:
-                prox_t = torch.nn.utils.rnn.pad_sequence([prox[i] for i in group], batch_first=True)
-                prox_t = torch.nn.functional.pad(prox_t, (0, logp.shape[1] - prox_t.shape[1]))
-            inputs = LossInputs(
-                logp=logp,
-                mask=batch.loss_mask,
-                advantages=batch.advantages,
-                behaviour_logp=batch.behaviour_logp,
-                has_behaviour=batch.has_behaviour,
-                proximal_logp=prox_t,
-                ref_logp=ref,
-                entropy=ent,
-            )
-            loss, s = policy_loss(inputs, self.cfg.loss, num_tokens=num_tokens)
-            loss.backward()  # type: ignore[no-untyped-call]
-            stats.merge(s)
+        batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
+        logp, ent = self._logprobs(self.policy, batch.tokens, batch.attention_mask, want_entropy)
+        ref = None
+        if self.ref_policy is not None and self.cfg.loss.kl_coef:
+            with torch.no_grad():
+                ref, _ = self._logprobs(self.ref_policy, batch.tokens, batch.attention_mask, False)
+        prox_t = None
+        if prox is not None:
+            prox_t = torch.nn.utils.rnn.pad_sequence([prox[i] for i in group], batch_first=True)
+            prox_t = torch.nn.functional.pad(prox_t, (0, logp.shape[1] - prox_t.shape[1]))
+        inputs = LossInputs(
+            logp=logp,
+            mask=batch.loss_mask,
+            advantages=batch.advantages,
+            behaviour_logp=batch.behaviour_logp,
+            has_behaviour=batch.has_behaviour,
+            proximal_logp=prox_t,
+            ref_logp=ref,
+            entropy=ent,
+        )
+        loss, stats = policy_loss(inputs, self.cfg.loss, num_tokens=num_tokens)
+        loss.backward()  # type: ignore[no-untyped-call]
+        return stats
+
+    def _apply(self, stats: LossStats) -> LossStats:
+        """Clip the accumulated gradients and take the optimizer step."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
         stats.add("grad_norm", float(norm))
         return stats
+
+    def weights(self) -> dict[str, Tensor]:
+        """The full weights, on the CPU (what a publication stores)."""
+        return self.policy.weights()
 
     def step(self, samples: Sequence[Sample]) -> StepResult:
         """Train on one batch: ``cfg.minibatches`` optimizer steps over it."""

@@ -3,6 +3,7 @@ aiokafka) stay inside the command, so `rollstream --help` stays instant."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -36,6 +37,10 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(help="Stop after this many seconds without new rewards."),
         ] = None,
+        nproc: Annotated[
+            int | None,
+            typer.Option(help="Data-parallel ranks on this host (learner.nproc; torchrun-like)."),
+        ] = None,
         log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
     ) -> None:
         """Run the asynchronous off-policy learner: rewards -> updates -> weights + ledger."""
@@ -47,8 +52,15 @@ def register(app: typer.Typer) -> None:
             "learner.policy": policy,
             "learner.device": device,
             "learner.metrics_port": metrics_port,
+            "learner.nproc": nproc,
         }
         settings = settings_from(ctx, **overrides)
+        if settings.learner.nproc > 1 and "WORLD_SIZE" not in os.environ:
+            import sys
+
+            from services.learner_launch import launch
+
+            raise typer.Exit(launch(settings.learner.nproc, sys.argv[1:]))
         _run(settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit)
 
 
@@ -76,7 +88,8 @@ def _run(
     summary = asyncio.run(
         run_service(settings, max_steps=max_steps, max_seconds=max_seconds, idle_exit_s=idle_exit_s)
     )
-    typer.echo(_summary_json(summary))
+    if os.environ.get("RANK", "0") == "0":  # the other ranks of a data-parallel job: quiet
+        typer.echo(_summary_json(summary))
 
 
 def _summary_json(summary: Summary) -> str:

@@ -4,7 +4,8 @@ adapters, everything resolved from `Settings`.
 Wires in the aiokafka `LearnerIO` (services/learner_kafka.py), the claim check of the
 run (services/blobs.py) as the rewards decoder, the weight store (Redis or a directory),
 the checkpoint and TensorBoard directories under the stack's state_dir, and makes sure the
-topics exist (services/topics.py) before the learner starts.
+topics exist (services/topics.py) before the learner starts. With several ranks
+(`--nproc N`, services/learner_launch.py, or torchrun) only rank 0 gets these ports.
 """
 
 from __future__ import annotations
@@ -66,8 +67,16 @@ async def run_service(
     idle_exit_s: float | None = None,
     store_hook: Callable[[WeightStore], WeightStore] | None = None,
 ) -> Summary:
-    """Run the learner until stopped (SIGTERM/SIGINT), or until a limit is reached."""
+    """Run the learner until stopped (SIGTERM/SIGINT), or until a limit is reached.
+
+    On a rank other than 0 of a data-parallel job (torchrun's environment): follow rank 0,
+    touching no Kafka, Redis or file (learner/parallel.py); the summary has its steps."""
     from learner import service
+    from learner.distributed import DistEnv
+    from learner.loop import Summary
+
+    if not DistEnv.from_env().is_main:
+        return Summary(steps=service.follow(settings.learner))
     from schemas.messages import ScoredTrajectory
     from services import blobs
     from services import topics as topic_admin
