@@ -13,10 +13,11 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from sandbox_workers.sandbox import VerifyingSandbox, docker_sandbox
+from sandbox_workers.sandbox import VerifyingSandbox
 from schemas.rollout import Task
 from schemas.sandbox import Outcome, SandboxRequest
 from services import suites
+from services.sandbox_wiring import docker_sandbox
 from services.settings import Settings
 from streams.groups import extract_code
 from tests.integration.sandbox_leaks import of_pool, owned_by
