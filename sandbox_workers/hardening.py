@@ -1,14 +1,17 @@
 """The hardened container profile every sandbox runs under (DESIGN.md section 4).
 
-No network, all capabilities dropped, no-new-privileges, read-only root with a
-size-capped tmpfs, non-root user, pids/memory(=memory+swap)/CPU limits, ulimits, init,
-and the `rollstream.sandbox` label the reaper looks for.
+No network, every capability dropped but the three the job server needs, no-new-privileges,
+read-only root with size-capped tmpfs mounts, pids/memory(=memory+swap)/CPU limits,
+ulimits, init, and the `rollstream.sandbox` label the reaper looks for.
 
-Two uids per container: the container's own processes (init and an idle keeper) run as
-SANDBOX_USER; jobs are `docker exec`-ed under a uid of the container's own, drawn from
-JOB_UIDS, so a job can signal nothing but itself, and RLIMIT_NPROC (counted per uid by the
-kernel, across containers) bounds that one container only. The IPC sysctls leave a job no
-System V or POSIX message-queue object that could outlive it into the next job.
+Inside, the job server (deploy/sandbox/files/jobserver.py) runs as root with CAP_SETUID,
+CAP_SETGID and CAP_SETPCAP only: enough to start every job process under an unprivileged
+uid with no capabilities at all (bounding set cleared), nothing more. Each container owns a
+block of UID_BLOCK uids that no other live container on the engine has: its killer uid, its
+harness uid, and the candidate uids it cycles through (a fresh one per job and per
+stdin/stdout case). So a candidate can signal nothing but its own processes, and
+RLIMIT_NPROC (counted per uid by the kernel, across containers) bounds one job only. The
+IPC sysctls leave a job no System V or POSIX message-queue object that could outlive it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,15 @@ from typing import Any, Final
 
 SANDBOX_LABEL: Final = "rollstream.sandbox"
 SANDBOX_USER: Final = "10001:10001"
-JOB_UIDS: Final = range(200_000, 300_000)
-"""Per-container job uids (no passwd entry needed; never shared by two live containers)."""
+"""The image's unprivileged user (the pool's probes run as it)."""
+SERVER_USER: Final = "0:0"
+SERVER_CAPS: Final = ("SETUID", "SETGID", "SETPCAP")
+"""What the job server keeps: switch uids/gids, clear the bounding set of its children."""
+UID_BASE: Final = 1_000_000
+UID_BLOCK: Final = 1024
+"""Uids per container (keep in step with deploy/sandbox/files/jobserver.py)."""
+UID_BLOCKS: Final = range(UID_BASE, UID_BASE + 4096 * UID_BLOCK, UID_BLOCK)
+"""Base uids of the blocks (no passwd entries needed; never shared by two live containers)."""
 IPC_SYSCTLS: Final = {
     "kernel.shmmax": "0",
     "kernel.shmall": "0",
@@ -50,7 +60,11 @@ class Limits:
 
 
 def container_kwargs(
-    image: str, limits: Limits, labels: dict[str, str] | None = None, user: str = SANDBOX_USER
+    image: str,
+    limits: Limits,
+    labels: dict[str, str] | None = None,
+    user: str = SERVER_USER,
+    caps: tuple[str, ...] = SERVER_CAPS,
 ) -> dict[str, Any]:
     """Keyword arguments for docker-py `containers.run/create` that apply the profile."""
     import docker.types
@@ -62,6 +76,7 @@ def container_kwargs(
         "user": user,
         "network_mode": "none",
         "cap_drop": ["ALL"],
+        "cap_add": list(caps),
         "security_opt": ["no-new-privileges:true"],
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs_opts, "/work": tmpfs_opts.replace("noexec,", "")},

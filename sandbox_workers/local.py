@@ -1,4 +1,4 @@
-"""A `Runner` with NO isolation: the executor as a plain subprocess of this machine.
+"""A `Runner` with NO isolation: the job server for one job, as a plain subprocess here.
 
 For the benchmark's floor and for fast tests of the verdict logic with well-behaved or
 reward-hacking (but not destructive) programs. Never feed it untrusted code: nothing stops
@@ -19,12 +19,8 @@ from typing import Any, Final
 
 from sandbox_workers.protocol import Execution
 
-EXECUTOR: Final = (
-    Path(__file__).resolve().parent.parent / "deploy" / "sandbox" / "files" / "executor.py"
-)
-BOOT: Final = (
-    f"import sys; sys.path.insert(0, {str(EXECUTOR.parent)!r}); import executor; executor.entry()"
-)
+FILES: Final = Path(__file__).resolve().parent.parent / "deploy" / "sandbox" / "files"
+BOOT: Final = f"import sys; sys.path.insert(0, {str(FILES)!r}); import jobserver; jobserver.entry()"
 PYCACHE: Final = Path(tempfile.gettempdir()) / "rollstream-pycache"
 """Bytecode of the executor's modules (never next to them: that would change the image
 recipe's hash)."""
@@ -50,13 +46,13 @@ class LocalRunner:
     async def _run(self, job: dict[str, Any], limit_s: float, scratch: str) -> Execution:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-X", f"pycache_prefix={PYCACHE}", "-I", "-S", "-c", BOOT,
-            "--local", "--scratch", scratch,
+            "--local", "--once", "--scratch", scratch,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
             out, err = await asyncio.wait_for(
-                proc.communicate(json.dumps(job).encode()), limit_s + self.grace_s
+                proc.communicate(json.dumps(job).encode() + b"\n"), limit_s + self.grace_s
             )
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):

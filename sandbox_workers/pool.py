@@ -1,11 +1,17 @@
 """The warm pool: long-lived hardened containers, one job at a time each (a `Runner`).
 
-Each container runs init + an idle keeper as SANDBOX_USER; a job is `docker exec` of the
-executor under the container's own job uid, with the job on stdin (execio.py). A container
-is reused only after a job that ended cleanly (the executor confirmed that every process of
-the job is dead and every writable directory is empty) with an outcome that leaves nothing
-suspicious; after a timeout, OOM, tamper, sandbox_error, a vanished executor or any doubt it
-is destroyed and a fresh one takes its place in the background.
+Each container's main process is the trusted job server (deploy/sandbox/files/jobserver.py),
+started with the container; the pool keeps the container's attach stream open and writes
+one job per line on the server's stdin, so no process is started with `docker exec` per
+job. The server reports `started`, `result` (returned to the caller at once) and `clean`
+(every process of the job dead, every writable directory empty), after which the container
+takes the next job. A container is reused only after a clean job with an outcome that
+leaves nothing suspicious; after a timeout, OOM, tamper, sandbox_error, a lost executor or
+any doubt it is destroyed and a fresh one takes its place in the background.
+
+`transport="exec"` instead runs a one-shot server per job with `docker exec` (the same
+isolation at the per-job cost of an exec and a fresh interpreter; the benchmark compares
+the two).
 """
 
 from __future__ import annotations
@@ -15,23 +21,30 @@ import contextlib
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from sandbox_workers import execio, reaper
-from sandbox_workers.hardening import JOB_UIDS, SANDBOX_USER, Limits, container_kwargs
+from sandbox_workers.hardening import (
+    SANDBOX_USER,
+    SERVER_USER,
+    UID_BLOCKS,
+    Limits,
+    container_kwargs,
+)
 from sandbox_workers.protocol import Execution
 
 log = logging.getLogger("rollstream.sandbox.pool")
 
-EXECUTOR_ARGV: Final = [
+SERVER_ARGV: Final = [
     "python3", "-I", "-S", "-c",
-    "import sys; sys.path.insert(0, '/opt/rollstream'); import executor; executor.entry()",
+    "import sys; sys.path.insert(0, '/opt/rollstream'); import jobserver; jobserver.entry()",
     "--container",
 ]  # fmt: skip
-"""The executor from its byte-compiled module (a script by path is compiled on every run)."""
+"""The job server from its byte-compiled module (a script by path is compiled on every run)."""
 REUSABLE: Final = frozenset(
     {"passed", "failed", "compile_error", "runtime_error", "output_limit"}
 )  # fmt: skip
@@ -40,6 +53,7 @@ OOM_PROBE: Final = [
     "/sys/fs/cgroup/memory/memory.oom_control",
     "/sys/fs/cgroup/memory.events",
 ]
+ATTACH: Final = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
 
 
 @dataclass(frozen=True)
@@ -53,17 +67,28 @@ class PoolConfig:
     max_jobs_per_container: int = 1000
     acquire_timeout_s: float = 300.0
     labels: dict[str, str] = field(default_factory=dict)
+    transport: Literal["server", "exec"] = "server"
+    """`server`: jobs over the attach stream of the container's job server; `exec`: a
+    `docker exec` of a one-shot server per job (for comparison)."""
 
 
 @dataclass
 class Slot:
     id: str
     uid: int
+    """Base of the container's uid block (reaper.UID_LABEL)."""
+    session: execio.Session | None = None
     jobs: int = 0
 
     @property
     def short(self) -> str:
         return self.id[:12]
+
+
+def _created_key(text: str, cid: str) -> tuple[str, str, str]:
+    """A sortable (seconds, nanoseconds, id) key of an engine `Created` timestamp."""
+    head, _, frac = text.rstrip("Z").partition(".")
+    return head, (frac + "000000000")[:9], cid
 
 
 class ContainerPool:
@@ -80,7 +105,8 @@ class ContainerPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._closing = asyncio.Event()
-        self._uids: set[int] = set()
+        self._claimed: set[int] = set()
+        self._lock = threading.Lock()
 
     async def start(self) -> None:
         import docker
@@ -102,33 +128,65 @@ class ContainerPool:
         for slot in slots:
             self._idle.put_nowait(slot)
 
-    def _used_uids(self) -> set[int]:
-        used = set()
-        for c in self._client.containers.list(filters={"label": reaper.UID_LABEL}):
-            with contextlib.suppress(ValueError):
-                used.add(int((c.labels or {}).get(reaper.UID_LABEL, "")))
-        return used
+    def _claim_block(self) -> int:
+        """A uid block no container of the engine uses and no creation of ours claims."""
+        with self._lock:
+            used = set(self._claimed)
+            for c in self._client.api.containers(all=True, filters={"label": reaper.UID_LABEL}):
+                with contextlib.suppress(ValueError):
+                    used.add(int((c.get("Labels") or {}).get(reaper.UID_LABEL, "")))
+            block = random.choice([b for b in random.sample(UID_BLOCKS, 64) if b not in used])
+            self._claimed.add(block)
+            return block
+
+    def _won_block(self, container_id: str, block: int) -> bool:
+        """Of every container labelled with `block`, the earliest created keeps it. Checked
+        after our own creation, so two pools (or hosts) that picked the same block at the
+        same time never both keep it."""
+        api = self._client.api
+        keys = []
+        for c in api.containers(all=True, filters={"label": f"{reaper.UID_LABEL}={block}"}):
+            with contextlib.suppress(Exception):
+                keys.append(_created_key(api.inspect_container(c["Id"])["Created"], c["Id"]))
+        return bool(keys) and min(keys)[2] == container_id
 
     def _create(self) -> Slot:
-        used = self._used_uids() | self._uids
-        uid = random.choice([u for u in random.sample(JOB_UIDS, 64) if u not in used])
-        self._uids.add(uid)
+        for _ in range(20):
+            block = self._claim_block()
+            try:
+                slot = self._create_with(block)
+            finally:
+                self._claimed.discard(block)
+            if slot is not None:
+                return slot
+        raise RuntimeError("no free uid block for a sandbox container after 20 tries")
+
+    def _create_with(self, block: int) -> Slot | None:
         labels = {
             **self.cfg.labels,
             reaper.OWNER_LABEL: reaper.owner_token(),
             reaper.POOL_LABEL: self.pool_id,
-            reaper.UID_LABEL: str(uid),
+            reaper.UID_LABEL: str(block),
         }
         # by id, not tag: every container runs exactly the image the results name
-        kwargs = container_kwargs(self.image_digest, self.cfg.limits, labels, user=SANDBOX_USER)
-        container = self._client.containers.run(
-            command=["sleep", "infinity"], detach=True, **kwargs
-        )
-        return Slot(str(container.id), uid)
+        kwargs = container_kwargs(self.image_digest, self.cfg.limits, labels)
+        server = self.cfg.transport == "server"
+        command = [*SERVER_ARGV, "--base-uid", str(block)] if server else ["sleep", "infinity"]
+        container = self._client.containers.create(command=command, stdin_open=server, **kwargs)
+        try:
+            if not self._won_block(str(container.id), block):
+                self._remove(str(container.id))
+                return None
+            session = execio.Session(container.attach_socket(params=ATTACH)) if server else None
+            container.start()
+        except BaseException:
+            self._remove(str(container.id))
+            raise
+        return Slot(str(container.id), block, session)
 
     async def execute(self, job: dict[str, Any], limit_s: float) -> Execution:
-        """Run one executor job on an idle container; never raises for infrastructure
-        trouble (it becomes Execution.error)."""
+        """Run one job on an idle container; never raises for infrastructure trouble (it
+        becomes Execution.error)."""
         if self._closed:
             return Execution(None, error="the sandbox pool is closed")
         t0 = time.monotonic()
@@ -146,39 +204,91 @@ class ContainerPool:
             ex = Execution(None, error=f"docker: {type(exc).__name__}: {exc}"[:500])
         slot.jobs += 1
         report = ex.report or {}
-        reusable = report.get("clean") is True and report.get("outcome") in REUSABLE
-        if reusable and slot.jobs < self.cfg.max_jobs_per_container and not self._closed:
-            self._idle.put_nowait(slot)
-        else:
+        reusable = report.get("outcome") in REUSABLE and not self._closed
+        reusable = reusable and slot.jobs < self.cfg.max_jobs_per_container
+        if not reusable or ex.extra.get("clean") is False:
             self._replace(slot)
+        elif ex.extra.get("clean") is True:
+            self._idle.put_nowait(slot)
+        else:  # the verdict is out; the container rejoins once the server says it is clean
+            self._spawn(self._settle(slot))
         ex.where, ex.waited_s = slot.short, waited
         return ex
 
     def _run_in(self, slot: Slot, job: dict[str, Any], limit_s: float) -> Execution:
-        payload = json.dumps(job, separators=(",", ":")).encode()
-        user = f"{slot.uid}:{slot.uid}"
-        run = execio.run(
-            self._client.api, slot.id, EXECUTOR_ARGV, user, payload, limit_s + self.cfg.exec_grace_s
-        )
-        started = next((e for e in run.events if e.get("event") == "started"), None)
-        result = next((e for e in run.events if e.get("event") == "result"), None)
+        payload = json.dumps(job, separators=(",", ":")).encode() + b"\n"
+        timeout = limit_s + self.cfg.exec_grace_s
+        if slot.session is None:
+            argv = [*SERVER_ARGV, "--base-uid", str(slot.uid), "--once"]
+            run = execio.run(self._client.api, slot.id, argv, SERVER_USER, payload, timeout)
+            ex = self._execution(slot, run.events, run.error, run.timed_out, run.stderr)
+            clean = next((e for e in run.events if e.get("event") == "clean"), None)
+            ex.extra["clean"] = (clean or {}).get("clean") is True
+            return ex
+        events: list[dict[str, Any]] = []
+        error, timed_out = "", False
+        deadline = time.monotonic() + timeout
+        try:
+            slot.session.send(payload)
+            while True:
+                ev = slot.session.next_event(deadline)
+                if ev is None:
+                    error = "the job server's stream ended"
+                    break
+                events.append(ev)
+                if ev.get("event") in ("result", "lost", "garbled"):
+                    break
+        except TimeoutError:
+            timed_out = True
+        except OSError as exc:
+            error = f"attach stream: {type(exc).__name__}: {exc}"
+        return self._execution(slot, events, error, timed_out, slot.session.demux.stderr)
+
+    def _execution(
+        self, slot: Slot, events: list[dict[str, Any]], error: str, timed_out: bool, err: bytes
+    ) -> Execution:
+        by_kind = {e.get("event"): e for e in reversed(events)}
+        started, result, lost = by_kind.get("started"), by_kind.get("result"), by_kind.get("lost")
         ex = Execution(
             result,
             started=started is not None,
             oom_before=(started or {}).get("oom_kill"),
-            error=run.error,
-            timed_out=run.timed_out,
-            killed=run.exit_code is not None and run.exit_code > 128,
-        )
+            error=error,
+            timed_out=timed_out,
+        )  # the candidate cannot signal the server: a vanished server is never its doing
         if result is None:
-            tail = run.stderr.decode("utf-8", "replace")[-300:]
-            ex.error = "; ".join(x for x in (ex.error, f"exit code {run.exit_code}", tail) if x)
-            if started is not None and not run.timed_out:
+            if lost is not None:
+                ex.oom_after, ex.error = lost.get("oom_kill"), str(lost.get("detail"))
+            elif started is not None and not timed_out:
                 ex.oom_after = self._probe_oom(slot)
+            tail = err.decode("utf-8", "replace")[-300:]
+            ex.error = "; ".join(x for x in (ex.error, tail) if x)
         return ex
 
+    def _settle(self, slot: Slot) -> Any:
+        async def settle() -> None:
+            clean = await asyncio.to_thread(self._await_clean, slot)
+            if clean and not self._closed:
+                self._idle.put_nowait(slot)
+            else:
+                self._replace(slot)
+
+        return settle()
+
+    def _await_clean(self, slot: Slot) -> bool:
+        assert slot.session is not None
+        deadline = time.monotonic() + self.cfg.exec_grace_s
+        try:
+            while True:
+                ev = slot.session.next_event(deadline)
+                if ev is None or ev.get("event") != "clean":
+                    return False
+                return ev.get("clean") is True
+        except (TimeoutError, OSError):
+            return False
+
     def _probe_oom(self, slot: Slot) -> int | None:
-        """The container's OOM-kill count, read by the keeper user (not the job's uid)."""
+        """The container's OOM-kill count (read by the image's plain user), or None."""
         try:
             api = self._client.api
             exec_id = api.exec_create(slot.id, OOM_PROBE, user=SANDBOX_USER)["Id"]
@@ -190,16 +300,18 @@ class ContainerPool:
                 return int(line.split()[1])
         return None
 
-    def _replace(self, slot: Slot) -> None:
-        self.replaced += 1
-        task = asyncio.get_running_loop().create_task(self._renew(slot))
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _replace(self, slot: Slot) -> None:
+        self.replaced += 1
+        self._spawn(self._renew(slot))
+
     async def _renew(self, old: Slot) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self._remove, old.id)
-        self._uids.discard(old.uid)
+            await asyncio.to_thread(self._retire, old)
         delay = 0.5
         while not self._closed:
             try:
@@ -211,10 +323,15 @@ class ContainerPool:
                 delay = min(delay * 2, 30.0)
                 continue
             if self._closed:
-                await asyncio.to_thread(self._remove, slot.id)
+                await asyncio.to_thread(self._retire, slot)
             else:
                 self._idle.put_nowait(slot)
             return
+
+    def _retire(self, slot: Slot) -> None:
+        if slot.session is not None:
+            slot.session.close()
+        self._remove(slot.id)
 
     def _remove(self, container_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -226,10 +343,14 @@ class ContainerPool:
             return
         self._closed = True
         self._closing.set()
-        if self._tasks:
+        while self._tasks:  # settling jobs may start replacements: wait for those too
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._client is None:
             return
+        while not self._idle.empty():
+            slot = self._idle.get_nowait()
+            if slot.session is not None:
+                slot.session.close()
         mine = await asyncio.to_thread(
             self._client.containers.list,
             all=True,

@@ -1,54 +1,143 @@
-"""The job executor: one run per job, started by the pool with `docker exec`.
+"""The executor of one job: forked by the job server (jobserver.py) before the job arrives.
 
-Reads one JSON job on stdin; writes JSON lines on stdout: {"event": "started", ...} as
-soon as the job is read, then {"event": "result", ...}. Standard library only.
+Reads one job (a JSON line) on stdin, reports on stdout: {"event": "started", ...} as soon as
+the job is read, {"event": "result", ...}, then {"event": "clean", "clean": bool} once every
+process of the job is dead and every writable directory is empty again. Runs as root in the
+container with the server's three capabilities (it forks the harness and the killers); it
+never runs candidate code and reads the candidate's output only as bytes.
 
-Per job: a fresh scratch directory; the candidate in fresh processes under rlimits (AS,
-CPU, FSIZE, NOFILE, NPROC, CORE) in sessions of their own; output read here, capped;
-wall and CPU time enforced; afterwards every process of the job killed and every
-writable directory wiped. The executor is non-dumpable and ignores every catchable
-signal, so the candidate (same uid) can stop or kill it but never read or impersonate
-it; the pool scores a vanished executor as tamper (or memory_limit after an OOM kill).
-
-Modes: python_tests (verdicts from the trusted harness, harness.py, over an
-HMAC-authenticated pipe) and stdin_stdout (whole-output comparison done here).
-`--local` runs without a container (tests and benchmarks only: no isolation, and
-cleanup is limited to the job's sessions).
+python_tests: the candidate's process (forked by the server) imports `solution` and serves
+calls; the trusted harness (forked here: pre-imported, under the container's harness uid)
+runs the tests and reports over an HMAC-authenticated pipe. stdin_stdout: one candidate
+process per case, each under a fresh uid in a fresh directory; the whole output is compared
+here. Standard library only.
 """
 
 import contextlib
 import json
 import os
-import signal
-import sys
+import socket
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import harness  # noqa: E402
-import jobproc  # noqa: E402
-import judging  # noqa: E402
+import ctl
+import harness
+import jobproc
+import judging
+import privs
+import scrub
 
 MAX_JOB_BYTES = 64 << 20
 WIPE_DIRS = ("/work", "/tmp", "/dev/shm")
+EXIT_EOF = 3
+"""Exit status when stdin closed before a job (the pool went away): the server stops."""
 
 
 class Context:
-    def __init__(self, container, scratch_root):
-        self.container = container
-        self.root = scratch_root
-        self.leaders = []
-        self.limits = jobproc.limits_of()
+    """Where the job runs: container (uids from the block at `base`) or local."""
 
-    def scratch(self):
-        path = os.path.join(self.root, "job-" + os.urandom(8).hex())
-        os.mkdir(path, 0o700)
-        return path
+    def __init__(self, container, scratch_root, base):
+        self.container, self.root = container, scratch_root
+        self.killer_uid = base
+        self.harness_uid = None if base is None else base + 1
+        self.candidates = {}  # pid -> uid, still to reap
+        self.harness_pid = None
+
+    def reap(self, pid, wipe=True):
+        """Kill the candidate process `pid` and everything of its uid; wipe what it wrote.
+        True when nothing is left."""
+        uid = self.candidates.pop(pid, None) if wipe else self.candidates.get(pid)
+        if not self.container:
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, 9)
+            return scrub.wipe([self.root]) if wipe else True
+        if uid is None:
+            return True
+        return privs.reap_uid(uid, self.killer_uid, WIPE_DIRS if wipe else ())
+
+    def wait_harness(self, timeout):
+        """The harness's exit code; killed first if it is still running after `timeout`."""
+        pid, end = self.harness_pid, time.monotonic() + timeout
+        if pid is None:
+            return None
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                self.harness_pid = None
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > end:
+                break
+            time.sleep(0.001)
+        if self.container:
+            privs.reap_uid(self.harness_uid, self.killer_uid)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        self.harness_pid = None
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def cleanup(self):
+        clean = all([self.reap(pid) for pid in list(self.candidates)])
+        code = self.wait_harness(2.0)
+        clean = clean and code in (None, 0)
+        if self.container:
+            clean = clean and all(not os.listdir(d) for d in WIPE_DIRS)
+        return clean
+
+
+class Spawner:
+    """The executor's end of the control socket: candidate processes started by the server,
+    and how they ended."""
+
+    def __init__(self, sock):
+        self.sock, self.exits = sock, {}
+
+    def spawn(self, kind, limits, fds):
+        names = list(fds)
+        try:
+            ctl.send(self.sock, {"op": "spawn", "kind": kind, "limits": limits, "fds": names},
+                     [fds[n] for n in names])  # fmt: skip
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        while True:
+            msg = self._take(self._recv(0))
+            if msg is not None:
+                if "error" in msg:
+                    raise OSError(f"the job server could not start the candidate: {msg['error']}")
+                return msg["pid"], msg["uid"]
+
+    def _recv(self, flags):
+        msg, fds = ctl.recv(self.sock, flags)
+        for fd in fds:
+            os.close(fd)
+        if msg is None:
+            raise OSError("the job server closed the control channel")
+        return msg
+
+    def _take(self, msg):
+        if "exit" in msg:
+            self.exits[msg["exit"]] = msg["status"]
+            return None
+        return msg
+
+    def status(self, pid, timeout=0.0):
+        """Exit code of candidate `pid` (negative: killed by that signal), None if running."""
+        end = time.monotonic() + timeout
+        while pid not in self.exits:
+            left = end - time.monotonic()
+            self.sock.settimeout(max(left, 0.0) if left > 0 else None)
+            try:
+                self._take(self._recv(0 if left > 0 else socket.MSG_DONTWAIT))
+            except (BlockingIOError, TimeoutError):
+                return None
+            finally:
+                self.sock.settimeout(None)
+        return self.exits[pid]
 
 
 def _where(exc):
-    """`Type: message at file:line` of an exception, without importing anything."""
+    """`Type: message at file:line` of an exception."""
     tb, at = exc.__traceback__, ""
     while tb is not None:
         at = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
@@ -57,30 +146,36 @@ def _where(exc):
 
 
 def emit(obj):
-    data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view) :]
+    data = memoryview((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+    while data:
+        data = data[os.write(1, data) :]
 
 
 def read_job():
+    """One job: a JSON line on stdin. EOFError when stdin closed before any byte."""
     chunks, size = [], 0
     while True:
         chunk = os.read(0, 1 << 20)
         if not chunk:
-            break
+            if not size:
+                raise EOFError
+            raise ValueError("the job ended without a newline")
         size += len(chunk)
         if size > MAX_JOB_BYTES:
             raise ValueError(f"job larger than {MAX_JOB_BYTES} bytes")
         chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+        if b"\n" in chunk:
+            if not chunk.endswith(b"\n"):
+                raise ValueError("bytes after the job's newline")
+            return json.loads(b"".join(chunks))
 
 
-def fork_harness(secret, tests, call_w, reply_r, report_w):
-    """The trusted harness in a forked child: it inherits non-dumpability and the blocked
-    signals, and receives the secret and the tests in memory (never on disk)."""
+def fork_harness(ctx, secret, tests, call_w, reply_r, report_w):
+    """The trusted harness in a forked, pre-imported child under the harness uid: the
+    candidate (another uid) can neither signal, trace nor limit it."""
     pid = os.fork()
     if pid:
+        ctx.harness_pid = pid
         return pid
     code = 70
     try:
@@ -88,68 +183,18 @@ def fork_harness(secret, tests, call_w, reply_r, report_w):
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        for fd in range(3, 1024):
-            if fd not in keep:
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2 and int(name) not in keep:
                 with contextlib.suppress(OSError):
-                    os.close(fd)
+                    os.close(int(name))
+        if ctx.container:
+            privs.become(ctx.harness_uid)
         os.chdir("/")
         code = harness.run(secret, tests, call_w, reply_r, report_w)
     except BaseException:
         code = 71
     finally:
         os._exit(code)
-
-
-def python_tests(job, ctx, deadline):
-    scratch = ctx.scratch()
-    with open(os.path.join(scratch, "solution.py"), "w", encoding="utf-8") as f:
-        f.write(job["code"])
-    secret = os.urandom(32)
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
-    report_r, report_w = os.pipe()
-    t_pid = fork_harness(secret, job["tests"], call_w, reply_r, report_w)
-    host = f"import sys; sys.path.insert(0, {HERE!r}); import solution_host; solution_host.entry()"
-    s = jobproc.spawn(
-        [sys.executable, "-B", "-I", "-S", "-c", host, str(call_r), str(reply_w)],
-        scratch, jobproc.rlimits(job, ctx.container), pass_fds=(call_r, reply_w),
-    )  # fmt: skip
-    ctx.leaders += [t_pid, s.pid]
-    for fd in (call_r, call_w, reply_r, reply_w, report_w):
-        os.close(fd)
-    out, err = jobproc.Capture(job["keep_output"]), jobproc.Capture(job["keep_output"])
-    reports = judging.Reports(secret)
-    how = jobproc.pump(
-        {s.stdout.fileno(): out, s.stderr.fileno(): err, report_r: reports}, deadline,
-        output_limit=job["output_limit"], counted={s.stdout.fileno(), s.stderr.fileno()},
-        stop=lambda: reports.done is not None or reports.closed,
-    )  # fmt: skip
-    s_status = s.poll()
-    t_limits = jobproc.limits_of(t_pid)
-    clean, statuses = jobproc.kill_all(ctx.container, ctx.leaders)
-    t_status = _wait(t_pid, statuses)
-    if s_status is None:
-        s.wait()
-    for f in (s.stdout, s.stderr):
-        f.close()
-    os.close(report_r)
-    result = judging.judge_tests(how, reports, s_status, t_status)
-    if t_limits is not None and t_limits != ctx.limits:
-        result.update(outcome="tamper", passed=0, detail="the harness's resource limits changed")
-        result["forged"] = True
-    result.update(_outputs(out, err, job))
-    return result, clean
-
-
-def _wait(pid, statuses):
-    """The return code of a child (negative: killed by that signal), reaped if need be."""
-    status = statuses.get(pid)
-    if status is None:
-        try:
-            status = os.waitpid(pid, 0)[1]
-        except ChildProcessError:
-            return None
-    return os.waitstatus_to_exitcode(status)
 
 
 def _outputs(out, err, job):
@@ -161,111 +206,127 @@ def _outputs(out, err, job):
     }
 
 
-def stdin_stdout(job, ctx, deadline):
+def _pipes(n):
+    return [os.pipe() for _ in range(n)]
+
+
+def python_tests(job, ctx, sp, deadline):
+    secret = os.urandom(32)
+    (call_r, call_w), (reply_r, reply_w), (report_r, report_w) = _pipes(3)
+    (out_r, out_w), (err_r, err_w), (code_r, code_w) = _pipes(3)
+    fds = {"stdout": out_w, "stderr": err_w, "code": code_r, "call": call_r, "reply": reply_w}
+    feed = jobproc.Feed(code_w, job["code"].encode("utf-8"))
+    pid, uid = sp.spawn("tests", jobproc.rlimits(job, ctx.container), fds)
+    ctx.candidates[pid] = uid
+    fork_harness(ctx, secret, job["tests"], call_w, reply_r, report_w)
+    for fd in (call_w, reply_r, report_w):
+        os.close(fd)
+    out, err = jobproc.Capture(job["keep_output"]), jobproc.Capture(job["keep_output"])
+    reports = judging.Reports(secret)
+    how = jobproc.pump(
+        {out_r: out, err_r: err, report_r: reports}, deadline, output_limit=job["output_limit"],
+        counted={out_r, err_r}, feeds=[feed],
+        stop=lambda: reports.done is not None or reports.closed,
+    )  # fmt: skip
+    gone = reports.dead or reports.import_failure is not None
+    s_status = sp.status(pid, 0.5 if gone and how == "stop" else 0.0)
+    t_status = None
+    if reports.done is None:  # nothing may hold the harness up now
+        ctx.reap(pid, wipe=False)
+        t_status = ctx.wait_harness(2.0)
+        s_status = sp.status(pid, 0.5) if s_status is None else s_status
+    for fd in (out_r, err_r, report_r):
+        os.close(fd)
+    result = judging.judge_tests(how, reports, s_status, t_status)
+    result.update(_outputs(out, err, job))
+    return result
+
+
+def _run_case(job, ctx, sp, case, deadline):
+    """One stdin_stdout case in a fresh process; (how, exit code, status, out, err, clean)."""
+    (in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w), (code_r, code_w) = _pipes(5)
+    feeds = [jobproc.Feed(code_w, job["code"].encode("utf-8")),
+             jobproc.Feed(in_w, case["stdin"].encode("utf-8"))]  # fmt: skip
+    fds = {"stdin": in_r, "stdout": out_w, "stderr": err_w, "code": code_r, "status": st_w}
+    pid, uid = sp.spawn("program", jobproc.rlimits(job, ctx.container), fds)
+    ctx.candidates[pid] = uid
+    out, err = jobproc.Capture(job["output_limit"]), jobproc.Capture(job["keep_output"])
+    status = jobproc.Capture(4096)
+    how = jobproc.pump(
+        {out_r: out, err_r: err, st_r: status}, deadline, output_limit=job["output_limit"],
+        counted={out_r, err_r}, feeds=feeds, stop=lambda: sp.status(pid) is not None,
+    )  # fmt: skip
+    code = sp.status(pid)
+    if how in ("eof", "stop") and code is None:  # its pipes are closed: it is exiting
+        code = sp.status(pid, max(0.001, deadline - time.monotonic()))
+        how = "deadline" if code is None else how
+    clean = ctx.reap(pid)  # every process of the case dead, its files gone, before the next
+    for fd in (out_r, err_r, st_r):
+        os.close(fd)
+    return how, code, status.text(), out, err, clean
+
+
+def stdin_stdout(job, ctx, sp, deadline):
     cases = judging.Cases(len(job["cases"]))
-    clean = True
     last = (jobproc.Capture(0), jobproc.Capture(0))
-    for case in job["cases"]:
-        scratch = ctx.scratch()  # a fresh directory per case: no state carried between them
-        with open(os.path.join(scratch, "solution.py"), "w", encoding="utf-8") as f:
-            f.write(job["code"])
-        status_r, status_w = os.pipe()
-        p = jobproc.spawn(
-            [sys.executable, "-B", "-I", "-S", os.path.join(HERE, "program.py"), str(status_w)],
-            scratch, jobproc.rlimits(job, ctx.container), pass_fds=(status_w,),
-            stdin=jobproc.subprocess.PIPE,
-        )  # fmt: skip
-        os.close(status_w)
-        out, err = jobproc.Capture(job["output_limit"]), jobproc.Capture(job["keep_output"])
-        status = jobproc.Capture(4096)
-        how = jobproc.pump(
-            {p.stdout.fileno(): out, p.stderr.fileno(): err, status_r: status}, deadline,
-            output_limit=job["output_limit"], counted={p.stdout.fileno(), p.stderr.fileno()},
-            feed=(p.stdin, case["stdin"].encode("utf-8")),
-            stop=lambda p=p: p.poll() is not None,
-        )  # fmt: skip
-        exit_status = p.poll()
-        if how in ("eof", "stop") and exit_status is None:
-            try:  # its pipes are closed: it is exiting, or it must finish within the limit
-                exit_status = p.wait(timeout=max(0.001, deadline - time.monotonic()))
-            except jobproc.subprocess.TimeoutExpired:
-                how = "deadline"
-        ok, _ = jobproc.kill_all(ctx.container, [p.pid])
-        clean = clean and ok and jobproc.wipe(WIPE_DIRS if ctx.container else [ctx.root])
-        p.wait()
-        for f in (p.stdin, p.stdout, p.stderr):
-            with contextlib.suppress(OSError):
-                f.close()
-        os.close(status_r)
+    for n, case in enumerate(job["cases"], 1):
+        how, code, status, out, err, clean = _run_case(job, ctx, sp, case, deadline)
         last = (out, err)
-        verdict = cases.add(how, exit_status, status.text(), out.text(), case["stdout"])
-        if verdict == "stop":
+        if cases.add(how, code, status, out.text(), case["stdout"]) == "stop":
+            break
+        if not clean:  # never run a case on what an earlier one left behind
+            if n < len(job["cases"]):
+                cases.abort(f"case {n}: its processes or files could not be removed; "
+                            "the remaining cases were not run")  # fmt: skip
             break
     result = cases.result()
     result.update(_outputs(*last, job))
-    return result, clean
+    return result
 
 
 MODES = {"python_tests": python_tests, "stdin_stdout": stdin_stdout}
 
 
-def main(argv):
-    container = "--container" in argv
-    scratch_root = argv[argv.index("--scratch") + 1] if "--scratch" in argv else "/work"
-    try:
-        jobproc.set_nondumpable()
-    except OSError:
-        if container:
-            raise
-    jobproc.block_signals()
-    job = read_job()
-    cpu0, oom0 = jobproc.counters() if container else (None, None)
+def _run(job, ctx, sp):
+    cpu0, oom0 = jobproc.counters() if ctx.container else (None, None)
     emit({"event": "started", "oom_kill": oom0, "pid": os.getpid()})
-    ctx = Context(container, scratch_root)
     t0 = time.monotonic()
-    clean = False
     try:
-        result, clean = MODES[job["mode"]](job, ctx, t0 + float(job["timeout_s"]))
-    except Exception as exc:  # no imports here: the candidate may have exhausted our fds
+        result = MODES[job["mode"]](job, ctx, sp, t0 + float(job["timeout_s"]))
+    except Exception as exc:
         result = {"outcome": "sandbox_error", "detail": "executor: " + _where(exc)}
     duration = time.monotonic() - t0
-    try:
-        if ctx.container:
-            ok, _ = jobproc.kill_all(True)
-            clean = clean and ok and jobproc.wipe(WIPE_DIRS)
-        else:
-            jobproc.kill_all(False, ctx.leaders)
-            clean = jobproc.wipe([scratch_root]) and clean
-    except Exception:  # the pool destroys an unclean container; the verdict still stands
-        clean = False
-    cpu1, oom1 = jobproc.counters() if container else (None, None)
-    if jobproc.limits_of() != ctx.limits:  # lowered by the candidate to make us fail
-        result.update(outcome="tamper", passed=0, detail="the executor's resource limits changed")
-        result["forged"] = True
+    cpu1, oom1 = jobproc.counters() if ctx.container else (None, None)
     forged = result.pop("forged", False)
     if oom0 is not None and oom1 is not None and oom1 > oom0 and not forged:
         was = f"{result['outcome']}: {result.get('detail', '')}".rstrip(": ")
         result.update(outcome="memory_limit", detail=f"an OOM kill in the container (then {was})")
-    result.update(duration_s=round(duration, 6), clean=clean)
+    result["duration_s"] = round(duration, 6)
     if cpu0 is not None and cpu1 is not None:
         result["cpu_s"] = round(cpu1 - cpu0, 6)
     else:
         usage = os.times()
         result["cpu_s"] = round(usage.children_user + usage.children_system, 6)
+    return result
+
+
+def run_one(ctx, sock):
+    """The executor process: one job from stdin to the `clean` event. Exit status 0, or
+    EXIT_EOF when no job came."""
+    try:
+        job = read_job()
+    except EOFError:
+        return EXIT_EOF
+    except ValueError as exc:
+        emit({"event": "started", "oom_kill": None, "pid": os.getpid()})
+        emit({"event": "result", "outcome": "sandbox_error", "detail": f"bad job: {exc}"[:500]})
+        emit({"event": "clean", "clean": False})
+        return 0
+    result = _run(job, ctx, Spawner(sock))
     emit({"event": "result", **result})
+    try:
+        clean = ctx.cleanup()
+    except Exception:  # the pool destroys an unclean container; the verdict still stands
+        clean = False
+    emit({"event": "clean", "clean": clean})
     return 0
-
-
-def boot(here):
-    """argv for `python3 -c`: run `main` from the byte-compiled module (a script given by
-    path would be compiled again on every job)."""
-    return f"import sys; sys.path.insert(0, {here!r}); import executor; executor.entry()"
-
-
-def entry():
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main(sys.argv[1:]))
-
-
-if __name__ == "__main__":
-    entry()

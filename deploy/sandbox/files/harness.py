@@ -1,12 +1,14 @@
-"""The trusted test harness of a python_tests job (runs in a child the executor forks).
+"""The trusted test harness of a python_tests job (forked by the executor, pre-imported).
 
 It never executes candidate code. The tests import a stand-in module `solution` whose
 functions forward each call to the candidate's process over a pipe as plain data
-(wire.py); the asserts then run here, on plain builtin values, so no object of the
-candidate's can take part in a comparison. Verdicts go to the executor on a separate pipe,
-each line authenticated with the job's secret (HMAC-SHA256 with a sequence number). The
-process is non-dumpable (inherited from the executor), so the candidate, running under the
-same uid, can neither read its memory nor open its file descriptors through /proc.
+(wire.py, remote.py); the asserts then run here, on plain builtin values, so no object of
+the candidate's can take part in a comparison, and no exception of the candidate's can
+steer the tests' control flow (remote.py: only an except clause or `pytest.raises` naming
+its declared type matches it). Verdicts go to the executor on a separate pipe, each line
+authenticated with the job's secret (HMAC-SHA256 with a sequence number). The process runs
+under the container's harness uid, not the candidate's, so the candidate can neither
+signal, trace, limit nor read it.
 """
 
 import ast
@@ -19,19 +21,14 @@ import sys
 import types
 
 import pytest_shim
+import remote
 import wire
+from remote import Conn, Proxy, Remote, as_list
 
 TESTS_FILE = "test_solution.py"
 NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coroutine, async gen
 MAX_ERROR = 600
-
-
-class RemoteError(Exception):
-    """An exception of the candidate's code that has no builtin counterpart here."""
-
-
-class RemoteDied(RemoteError):
-    """The candidate's process is gone or broke the protocol; every later call fails."""
+CATCH = "__rollstream_catch__"
 
 
 class Reporter:
@@ -49,168 +46,30 @@ class Reporter:
             view = view[os.write(self.fd, view) :]
 
 
-class Proxy:
-    """Stand-in for a function, class or object that lives in the candidate's process.
-    Equality is identity and truth-testing is refused: only plain values are compared."""
+class _Catch(ast.NodeTransformer):
+    """Every `except X` of the tests becomes `except CATCH(X)` (remote.catch): the
+    candidate's exceptions match the except clauses that name their declared type."""
 
-    __slots__ = ("_c", "_kind", "_t", "_text")
-
-    def __init__(self, conn, target, kind, text):
-        self._c, self._t, self._kind, self._text = conn, target, kind, text
-
-    def __call__(self, *args, **kwargs):
-        return self._c.call(self._t, args, kwargs)
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._c.request({"op": "getattr", **self._t, "name": name})
-
-    def __iter__(self):
-        it = self._c.request({"op": "iter", **self._t})
-        if not isinstance(it, Proxy):
-            raise TypeError("the candidate's iterator is not an iterator")
-        return it
-
-    def __next__(self):
-        return self._c.request({"op": "next", **self._t})
-
-    def __len__(self):
-        n = self._c.request({"op": "len", **self._t})
-        if type(n) is not int or n < 0:
-            raise TypeError("the candidate's __len__ did not return a non-negative int")
-        return n
-
-    def __getitem__(self, key):
-        return self._c.request({"op": "getitem", **self._t, "key": self._c.enc(key)})
-
-    def __contains__(self, key):
-        found = self._c.request({"op": "contains", **self._t, "key": self._c.enc(key)})
-        if type(found) is not bool:
-            raise TypeError("the candidate's __contains__ did not return a bool")
-        return found
-
-    def __bool__(self):
-        raise TypeError("the truth value of a candidate object is not plain data")
-
-    def __repr__(self):
-        return f"<candidate {self._kind} {self._text}>"
-
-
-class Conn:
-    """Calls into the candidate's process. Every answer is decoded to plain data."""
-
-    def __init__(self, call_w, reply_r):
-        self.call_w, self.reply_r = call_w, reply_r
-        self.next_id, self.dead, self.failures = 0, "", 0
-        self.local_exceptions = {}
-
-    def enc(self, value):
-        return wire.encode(value, self._handle_of)
-
-    @staticmethod
-    def _handle_of(obj):
-        if isinstance(obj, Proxy) and "h" in obj._t:
-            return wire.Handle(obj._t["h"], "", "")
-        raise TypeError(f"cannot pass a {type(obj).__name__} to the candidate's code")
-
-    def _proxy(self, h):
-        return Proxy(self, {"h": h.hid}, h.kind, h.text)
-
-    def recv(self):
-        try:
-            return wire.recv(self.reply_r)
-        except wire.WireError as exc:
-            closed = isinstance(exc, wire.ChannelClosed)
-            self.dead = f"the solution process {'exited' if closed else 'broke the protocol'}"
-            raise RemoteDied(self.dead) from None
-
-    def request(self, msg):
-        return self.request_full(msg)[0]
-
-    def request_full(self, msg):
-        """Send one call; return (plain value, whole reply) or raise what the candidate did."""
-        if self.dead:
-            raise RemoteDied(self.dead)
-        self.next_id += 1
-        msg["id"] = self.next_id
-        try:
-            wire.send(self.call_w, msg)
-        except OSError:
-            self.dead = "the solution process exited"
-            raise RemoteDied(self.dead) from None
-        reply = self.recv()
-        if type(reply) is not dict or reply.get("id") != self.next_id:
-            self.dead = "the solution process broke the protocol"
-            raise RemoteDied(self.dead)
-        if "err" in reply:
-            self.failures += 1
-            raise self.exception(reply["err"])
-        return wire.decode(reply.get("ok"), self._proxy), reply
-
-    def call(self, target, args, kwargs):
-        mutable = (list, dict, set, bytearray)
-        msg = {"op": "call", **target, "args": [self.enc(a) for a in args],
-               "kwargs": [[str(k), self.enc(v)] for k, v in kwargs.items()]}  # fmt: skip
-        mut = any(type(a) in mutable for a in (*args, *kwargs.values()))
-        if mut:
-            msg["mut"] = True
-        value, reply = self.request_full(msg)
-        if mut:
-            _copy_back(args, [wire.decode(a, self._proxy) for a in _as_list(reply.get("args"))])
-            after = {k: wire.decode(v, self._proxy) for k, v in _as_list(reply.get("kwargs"))}
-            for k, v in kwargs.items():
-                if k in after:
-                    _copy_back([v], [after[k]])
-        return value
-
-    def exception(self, err):
-        if type(err) is not dict:
-            return RemoteError("the candidate raised something unreadable")
-        tname, base = str(err.get("type"))[:100], str(err.get("base"))[:100]
-        msg, local = str(err.get("msg"))[:2000], err.get("local")
-        if type(local) is str and local in self.local_exceptions:
-            return self.local_exceptions[local](msg)
-        cls = vars(builtins).get(base)
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            try:
-                exc = cls(msg)
-            except Exception:
-                exc = None
-            if exc is not None:
-                return exc
-        return RemoteError(f"{tname}: {msg}")
-
-
-def _as_list(x):
-    return x if type(x) is list else []
-
-
-def _copy_back(originals, updated):
-    for orig, new in zip(originals, updated, strict=False):
-        if type(orig) is not type(new):
-            continue
-        if type(orig) in (list, bytearray):
-            orig[:] = new
-        elif type(orig) in (dict, set):
-            orig.clear()
-            orig.update(new)
+    def visit_ExceptHandler(self, node):
+        self.generic_visit(node)
+        if node.type is not None:
+            call = ast.Call(ast.Name(CATCH, ast.Load()), [node.type], [])
+            node.type = ast.copy_location(call, node.type)
+        return node
 
 
 def _solution_module(conn, hello):
     """The stand-in `solution` module the tests import."""
     mod = types.ModuleType("solution")
     names = []
-    for item in _as_list(hello.get("names")) if hello.get("ready") else []:
+    for item in as_list(hello.get("names")) if hello.get("ready") else []:
         if type(item) is not list or len(item) != 3 or type(item[0]) is not str:
             continue
         name, kind, extra = item[0][:200], str(item[1])[:20], item[2]
         if not name.isidentifier() or name.startswith("__"):
             continue
         if kind == "exception":
-            base = vars(builtins).get(extra) if type(extra) is str else None
-            base = base if isinstance(base, type) and issubclass(base, Exception) else Exception
-            conn.local_exceptions[name] = type(name, (base,), {"__module__": "solution"})
+            conn.local_exceptions[name] = remote.local_exception_class(name, extra)
             setattr(mod, name, conn.local_exceptions[name])
         elif kind == "value":
             try:
@@ -301,19 +160,17 @@ def _failure_text(exc, source_lines):
     return (f"{line} -> {text}" if line else text)[:MAX_ERROR]
 
 
-def run(secret, tests_src, call_w, reply_r, report_w):
-    """Run the tests against the candidate; report every result; return an exit code."""
-    rep, conn = Reporter(report_w, secret), Conn(call_w, reply_r)
-    try:
-        tree = ast.parse(tests_src, TESTS_FILE)
-        code = compile(tree, TESTS_FILE, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
-        rep.send({"ev": "error", "msg": f"the tests do not compile: {exc}"[:MAX_ERROR]})
-        return 0
-    rep.send({"ev": "plan", "total": _estimate(tree)})  # exact count follows collection
+def _compile(tests_src):
+    tree = ast.parse(tests_src, TESTS_FILE)
+    guarded = ast.fix_missing_locations(_Catch().visit(ast.parse(tests_src, TESTS_FILE)))
+    return tree, compile(guarded, TESTS_FILE, "exec", dont_inherit=True)
+
+
+def _hello(conn, rep):
+    """The candidate's import, as its process reported it; an `import` event if it failed."""
     try:
         hello = conn.recv()
-    except RemoteDied:
+    except remote.RemoteDied:
         hello = {"ready": False, "kind": "exited", "type": "", "msg": "exited during import"}
     if type(hello) is not dict:
         hello = {"ready": False, "kind": "protocol", "type": "", "msg": "malformed hello"}
@@ -322,38 +179,77 @@ def run(secret, tests_src, call_w, reply_r, report_w):
         event = {"ev": "import", "kind": str(hello.get("kind"))[:20]}
         event.update(type=str(hello.get("type"))[:100], msg=str(hello.get("msg"))[:MAX_ERROR])
         rep.send(event)
-    sys.modules["solution"] = _solution_module(conn, hello)
-    sys.modules["pytest"] = pytest_shim
-    lines = tests_src.splitlines()
-    tests_mod = types.ModuleType("test_solution")
-    tests_mod.__file__ = TESTS_FILE
-    sys.modules["test_solution"] = tests_mod
+    return hello
+
+
+def _tests_module():
+    mod = types.ModuleType("test_solution")
+    mod.__file__ = TESTS_FILE
+    mod.__dict__[CATCH] = remote.catch
+    mod.__dict__["next"] = remote.safe_next
+    sys.modules["test_solution"] = mod
+    return mod
+
+
+def _import_tests(code, mod, conn, rep, lines):
+    """Run the tests file's top level; False (and an `error` event) when it fails. The
+    candidate is to blame when its code raised, its process died or misbehaved, or its
+    import had already failed; otherwise the tests are (the task's fault)."""
     failures_before = conn.failures
     try:
-        exec(code, tests_mod.__dict__)
+        exec(code, mod.__dict__)
+        return True
     except BaseException as exc:
-        remote = isinstance(exc, RemoteError) or conn.failures > failures_before
-        blame = "candidate" if remote else "tests"  # a call into the solution failed, or not
-        rep.send({"ev": "error", "blame": blame, "exc": type(exc).__name__,
+        theirs = isinstance(exc, Remote) or conn.failures > failures_before or bool(conn.dead)
+        rep.send({"ev": "error", "blame": "candidate" if theirs else "tests",
+                  "exc": type(exc).__name__,
                   "msg": f"importing the tests failed: {_failure_text(exc, lines)}"})  # fmt: skip
-        return 0
-    items = _collect(tests_mod.__dict__, tree)
-    if not items:
-        rep.send({"ev": "error", "blame": "tests", "msg": "the tests define no test_* function"})
-        return 0
-    rep.send({"ev": "plan", "total": len(items)})
+        return False
+
+
+def _run_tests(items, conn, rep, lines):
+    """Run every collected test. A test passes only when it returns and the candidate's
+    process is still alive: a dead process fails every test from then on, whatever the
+    test catches (`pytest.raises(Exception)` included)."""
     passed = 0
     for name, target, why in items:
         ok, error, exc_type = False, why, ""
-        if target is not None:
+        if target is not None and not conn.dead:
             fn, kwargs = target
             try:
                 fn(**kwargs)
                 ok = True
             except BaseException as exc:
                 error, exc_type = _failure_text(exc, lines), type(exc).__name__
+        if conn.dead:
+            ok, error = False, error or conn.dead
         passed += ok
         rep.send({"ev": "test", "name": name[:200], "ok": ok, "error": error, "exc": exc_type,
                   "dead": bool(conn.dead)})  # fmt: skip
+    return passed
+
+
+def run(secret, tests_src, call_w, reply_r, report_w):
+    """Run the tests against the candidate; report every result; return an exit code."""
+    rep, conn = Reporter(report_w, secret), Conn(call_w, reply_r)
+    try:
+        tree, code = _compile(tests_src)
+    except (SyntaxError, ValueError) as exc:
+        rep.send({"ev": "error", "msg": f"the tests do not compile: {exc}"[:MAX_ERROR]})
+        return 0
+    rep.send({"ev": "plan", "total": _estimate(tree)})  # exact count follows collection
+    hello = _hello(conn, rep)
+    sys.modules["solution"] = _solution_module(conn, hello)
+    sys.modules["pytest"] = pytest_shim
+    lines = tests_src.splitlines()
+    mod = _tests_module()
+    if not _import_tests(code, mod, conn, rep, lines):
+        return 0
+    items = _collect(mod.__dict__, tree)
+    if not items:
+        rep.send({"ev": "error", "blame": "tests", "msg": "the tests define no test_* function"})
+        return 0
+    rep.send({"ev": "plan", "total": len(items)})
+    passed = _run_tests(items, conn, rep, lines)
     rep.send({"ev": "done", "passed": passed, "total": len(items)})
     return 0

@@ -105,6 +105,8 @@ def judge_tests(how, rep, s_rc, t_rc):
         return _result("output_limit", passed, total, "output over the limit; job killed")
     if how == "deadline":
         return _result("timeout", passed, total, f"wall time limit after {rep.counted} tests")
+    if rep.import_failure is not None:  # the model's failure, whatever the tests did next
+        return _import_failed(rep.import_failure, total, s_rc)
     if rep.error is not None:
         msg = str(rep.error.get("msg"))
         if rep.error.get("blame") == "candidate":
@@ -118,21 +120,24 @@ def judge_tests(how, rep, s_rc, t_rc):
     return _judge_done(rep, passed, total, s_rc)
 
 
+def _import_failed(imp, total, s_rc):
+    what = f"{imp.get('type')}: {imp.get('msg')}"
+    if imp.get("kind") == "syntax":
+        return _result("compile_error", 0, total, what)
+    if imp.get("type") == "MemoryError":
+        return _result("memory_limit", 0, total, what)
+    if s_rc == -signal.SIGXCPU:
+        return _result("timeout", 0, total, "CPU time limit while importing")
+    if imp.get("kind") == "exit":
+        why = f"the solution called sys.exit({imp.get('msg')}) while importing"
+        return _result("runtime_error", 0, total, why)
+    if imp.get("kind") == "exited":
+        code = "" if s_rc is None else f" (exit code {s_rc})"
+        return _result("runtime_error", 0, total, f"the solution exited while importing{code}")
+    return _result("runtime_error", 0, total, f"importing the solution failed: {what}")
+
+
 def _judge_done(rep, passed, total, s_rc):
-    imp = rep.import_failure
-    if imp is not None:
-        what = f"{imp.get('type')}: {imp.get('msg')}"
-        if imp.get("kind") == "syntax":
-            return _result("compile_error", 0, total, what)
-        if imp.get("type") == "MemoryError":
-            return _result("memory_limit", 0, total, what)
-        if imp.get("kind") == "exit":
-            why = f"the solution called sys.exit({imp.get('msg')}) while importing"
-            return _result("runtime_error", 0, total, why)
-        if imp.get("kind") == "exited":
-            code = "" if s_rc is None else f" (exit code {s_rc})"
-            return _result("runtime_error", 0, total, f"the solution exited while importing{code}")
-        return _result("runtime_error", 0, total, f"importing the solution failed: {what}")
     if s_rc == -signal.SIGXCPU:
         return _result("timeout", passed, total, "CPU time limit")
     if rep.memory_error:
@@ -200,6 +205,11 @@ class Cases:
         else:
             self.passed += 1
         return "next"
+
+    def abort(self, reason):
+        """End the job here: the cases not run yet count as failed."""
+        if self.stopped is None:
+            self.stopped = ("failed", reason)
 
     def _fail(self, text):
         if not self.first_failure:

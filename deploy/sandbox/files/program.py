@@ -1,11 +1,13 @@
 """Runs the candidate's program (solution.py in the working directory) as __main__.
 
-argv: STATUS_FD. Before any candidate code runs, writes "ok" (or "compile:<reason>") on
-that descriptor; if an exception escapes the program, adds "exc:<type name>". The
-descriptor is the candidate's to scribble on afterwards, which can only change how its own
-failure is labelled: the pass/fail verdict is the executor's comparison of the output.
+Called in the candidate's process (forked by the job server, already under the candidate's
+uid and limits) with STATUS_FD: before any candidate code runs, writes "ok" (or
+"compile:<reason>") on it; if an exception escapes the program, adds "exc:<type name>".
+The descriptor is the candidate's to scribble on afterwards, which can only change how its
+own failure is labelled: the pass/fail verdict is the executor's comparison of the output.
 """
 
+import atexit
 import builtins
 import contextlib
 import os
@@ -16,8 +18,7 @@ import types
 if not hasattr(builtins, "exit"):  # run with -S (no site): keep exit() and quit()
     builtins.exit = builtins.quit = sys.exit
 
-STATUS_FD = int(sys.argv[1])
-os.set_inheritable(STATUS_FD, False)
+STATUS_FD = 4
 
 
 def _status(text):
@@ -41,7 +42,6 @@ def main():
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
     sys.argv = [path]
-    sys.path.insert(0, os.getcwd())
     try:
         exec(code, module.__dict__)
     except SystemExit:
@@ -53,5 +53,34 @@ def main():
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+
+
+def run(status_fd):
+    """The exit status of the program, as `python3 solution.py` would give it."""
+    global STATUS_FD
+    STATUS_FD = status_fd
+    os.set_inheritable(status_fd, False)
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    with contextlib.suppress(BaseException):  # as at interpreter exit: threads, then atexit
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+    _flush()
+    return code
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(BaseException):
+        print(code, file=sys.stderr)
+    return 1

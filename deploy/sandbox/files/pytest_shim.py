@@ -1,6 +1,7 @@
 """The small part of pytest's API that tests files commonly use, for the trusted harness.
 
-`import pytest` in a tests file gets this module: raises, approx, fail, mark.parametrize
+`import pytest` in a tests file gets this module: raises (which matches the candidate's
+exceptions by their declared type, remote.py), approx, fail, mark.parametrize
 (each parameter set is one counted test, named like pytest's `test_x[0]`), mark.skip and
 mark.skipif (the test is not collected), and any other mark as a no-op.
 """
@@ -8,10 +9,12 @@ mark.skipif (the test is not collected), and any other mark as a no-op.
 import itertools
 import math
 
+import remote
+
 
 class RaisesContext:
     def __init__(self, expected, match=None):
-        self.expected, self.match, self.value = expected, match, None
+        self.expected, self.match, self.value, self.type = expected, match, None, None
 
     def __enter__(self):
         return self
@@ -19,11 +22,11 @@ class RaisesContext:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             raise AssertionError(f"DID NOT RAISE {self.expected}")
-        if not issubclass(exc_type, self.expected):
+        if not issubclass(exc_type, remote.catch(self.expected)):
             return False
         if self.match is not None and not __import__("re").search(self.match, str(exc)):
             raise AssertionError(f"{str(exc)!r} does not match {self.match!r}")
-        self.value = exc
+        self.value, self.type = exc, getattr(exc_type, "declared", exc_type)
         return True
 
 

@@ -1,9 +1,9 @@
 """The candidate's side of a python_tests job: import `solution`, then serve the harness.
 
-Runs as a fresh interpreter in the candidate's process (argv: CALL_FD REPLY_FD), so
-nothing here is trusted: the candidate may patch any of it. That is fine by design: the
-harness only ever receives plain data (wire.py) and decides every verdict itself, in a
-process the candidate cannot read or write.
+Runs in the candidate's process (forked by the job server, already under the candidate's
+uid and limits), so nothing here is trusted: the candidate may patch any of it. That is
+fine by design: the harness only ever receives plain data (wire.py) and decides every
+verdict itself, in a process the candidate cannot read, signal or write.
 """
 
 import builtins
@@ -16,13 +16,11 @@ import types
 if not hasattr(builtins, "exit"):  # run with -S (no site): keep exit() and quit()
     builtins.exit = builtins.quit = sys.exit
 
-sys.dont_write_bytecode = True  # never a cache next to our files (local mode)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location("_rollstream_wire", os.path.join(_HERE, "wire.py"))
 wire = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(wire)
 
-CALL_FD, REPLY_FD = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (-1, -1)
 _objects = {}
 _ids = {}
 
@@ -133,7 +131,10 @@ def _serve_one(msg, module):
     if op == "iter":
         return {"ok": wire.encode(iter(obj), _register)}
     if op == "next":
-        return {"ok": wire.encode(next(obj), _register)}
+        try:
+            return {"ok": wire.encode(next(obj), _register)}
+        except StopIteration:
+            return {"end": True}  # the iterator's end, not an exception to rebuild
     if op == "len":
         return {"ok": wire.encode(len(obj))}
     if op == "getitem":
@@ -149,39 +150,31 @@ def _flush():
             stream.flush()
 
 
-def main():
-    module, failure = _load()
-    if failure is not None:
-        _flush()
-        wire.send(REPLY_FD, failure)
-        return
-    _flush()
-    wire.send(REPLY_FD, {"ready": True, "names": _describe(module)})
-    while True:
-        try:
-            msg = wire.recv(CALL_FD)
-        except wire.ChannelClosed:
-            return
-        try:
-            reply = _serve_one(msg, module)
-        except BaseException as exc:
-            reply = {"err": _error(exc, module)}
-        reply["id"] = msg.get("id")
-        _flush()
-        try:
-            wire.send(REPLY_FD, reply)
-        except (TypeError, ValueError, RecursionError, wire.WireError) as exc:
-            wire.send(REPLY_FD, {"id": msg.get("id"), "err": _error(exc, module)})
-
-
-def entry():
-    if sys.path and sys.path[0] == _HERE:
-        del sys.path[0]  # the candidate's imports see the scratch dir, not our files
+def serve(call_fd, reply_fd):
+    """Import solution.py from the working directory, then answer calls until the harness
+    closes the channel."""
     sys.path.insert(0, os.getcwd())
-    main()
-    _flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    entry()
+    try:
+        module, failure = _load()
+        _flush()
+        if failure is not None:
+            wire.send(reply_fd, failure)
+            return
+        wire.send(reply_fd, {"ready": True, "names": _describe(module)})
+        while True:
+            try:
+                msg = wire.recv(call_fd)
+            except wire.ChannelClosed:
+                return
+            try:
+                reply = _serve_one(msg, module)
+            except BaseException as exc:
+                reply = {"err": _error(exc, module)}
+            reply["id"] = msg.get("id")
+            _flush()
+            try:
+                wire.send(reply_fd, reply)
+            except (TypeError, ValueError, RecursionError, wire.WireError) as exc:
+                wire.send(reply_fd, {"id": msg.get("id"), "err": _error(exc, module)})
+    finally:
+        _flush()
