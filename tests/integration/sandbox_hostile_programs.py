@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.sandbox_programs import GOOD
+from tests.unit.sandbox_programs import GOOD, WRONG
 
 FORK_BOMB = """
 import os
@@ -174,12 +174,15 @@ for pid in os.listdir("/proc"):
 
 STOP_EVERYTHING = KILL_EVERYTHING.replace("SIGKILL", "SIGSTOP")
 
-# Container-only reward hacks: (name, code, outcomes allowed)
+# Container-only reward hacks on the verdict channel, each with a wrong `add`, so only a
+# working attack could pass: (name, code, outcomes allowed). With the job server the
+# candidate cannot signal, stop or limit the server, the executor or the harness (other
+# uids), so the attack does nothing and the honest verdict stands.
 CONTAINER_HACKS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("kill_the_harness_and_executor", KILL_EVERYTHING, ("tamper",)),
-    ("stop_the_harness_and_executor", STOP_EVERYTHING, ("timeout", "tamper")),
+    ("kill_the_harness_and_executor", KILL_EVERYTHING.replace(GOOD, WRONG), ("failed",)),
+    ("stop_the_harness_and_executor", STOP_EVERYTHING.replace(GOOD, WRONG), ("failed",)),
     # lowered limits would make the executor fail "by itself" (sandbox_error: masked)
-    ("lower_the_executor_and_harness_limits", LOWER_LIMITS, ("tamper",)),
+    ("lower_the_executor_and_harness_limits", LOWER_LIMITS.replace(GOOD, WRONG), ("failed",)),
     (
         "delete_everything_writable",
         "import shutil\nfor d in ('/work', '/tmp', '/dev/shm'):\n"
@@ -188,3 +191,107 @@ CONTAINER_HACKS: list[tuple[str, str, tuple[str, ...]]] = [
         ("failed",),
     ),
 ]
+
+# The same attacks with a correct `add`: they must not disturb an honest pass either.
+HARMLESS_ATTACKS = [("kill", KILL_EVERYTHING), ("stop", STOP_EVERYTHING), ("limits", LOWER_LIMITS)]
+
+# Issue 12, hole 2: lower the harness's limits so that it fails "by itself", restore them
+# before the executor compares its snapshots. Only the harness (a sibling under the old
+# executor) is targeted; the tests are a task whose top level allocates.
+LOWER_THEN_RESTORE = """
+import os, resource
+_saved = {}
+
+def _siblings():
+    me, parent = os.getpid(), os.getppid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields["PPid"]) == parent:
+            yield int(pid), int(fields.get("VmSize", "0 kB").split()[0]) << 10
+
+def _lower():
+    for pid, size in _siblings():
+        try:
+            _saved[pid] = resource.prlimit(pid, resource.RLIMIT_AS)
+            resource.prlimit(pid, resource.RLIMIT_AS, (size, _saved[pid][1]))
+        except OSError:
+            pass
+
+def _restore():
+    for pid, limit in _saved.items():
+        try:
+            resource.prlimit(pid, resource.RLIMIT_AS, limit)
+        except OSError:
+            pass
+
+_calls = []
+
+def add(a, b):
+    _calls.append(1)
+    (_lower if len(_calls) == 1 else _restore)()
+    return a - b
+"""
+ALLOCATING_TESTS = """
+from solution import add
+
+add(0, 0)  # the candidate lowers the harness's limits here,
+try:
+    TABLE = bytearray(64 << 20)  # so this fails in the harness "by itself",
+finally:
+    add(0, 0)  # and the limits are back before anyone compares them
+
+def test_add():
+    assert add(1, 2) == 3
+"""
+
+# Issue 12, hole 5: a tree deeper than the recursion limit and PATH_MAX in /tmp; every case
+# first reports what an earlier case left behind (the right answer only if nothing).
+DEEP_TREE = """
+import os, sys
+mine = os.path.basename(os.getcwd())
+left = sorted(set(os.listdir("/tmp")) | {n for n in os.listdir("/work") if n != mine})
+fd = os.open("/tmp", os.O_RDONLY)
+for _ in range(3000):
+    os.mkdir("d", dir_fd=fd)
+    nd = os.open("d", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = nd
+os.chmod(".", 0, dir_fd=fd)
+print("LEFTOVERS " + " ".join(left) if left else sys.stdin.read().strip())
+"""
+
+# What the candidate can see of its own privileges and of the other processes.
+FACTS = (
+    """
+import os, resource, signal
+def status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict((k, v.strip()) for k, _, v in (ln.partition(":") for ln in f))
+me = status("self")
+print("uid", os.getuid(), "euid", os.geteuid(), "nnp", me["NoNewPrivs"],
+      "caps", *(me[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")))
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    try:
+        uids = status(pid)["Uid"].split()
+    except OSError:
+        continue
+    reach = []
+    for name, probe in (("signal", lambda p: os.kill(p, 0)),
+                        ("limits", lambda p: resource.prlimit(p, resource.RLIMIT_NOFILE))):
+        try:
+            probe(int(pid))
+            reach.append(name)
+        except OSError:
+            pass
+    print("other", pid, uids[0], *reach)
+"""
+    + GOOD
+)

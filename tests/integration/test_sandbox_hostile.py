@@ -135,6 +135,16 @@ async def test_attacks_on_the_verdict_channel(
     await still_serving(pool)
 
 
+@pytest.mark.parametrize(
+    ("name", "code"), hp.HARMLESS_ATTACKS, ids=[h[0] for h in hp.HARMLESS_ATTACKS]
+)
+async def test_attacks_leave_an_honest_verdict_alone(
+    pool: VerifyingSandbox, name: str, code: str
+) -> None:
+    r = await pool.run(pt_request(code, timeout_s=2.0))
+    assert r.outcome == Outcome.PASSED, (name, r.detail)
+
+
 async def test_concurrent_jobs_after_the_onslaught(pool: VerifyingSandbox) -> None:
     results = await asyncio.gather(*(pool.run(pt_request(GOOD)) for _ in range(6)))
     assert all(r.outcome == Outcome.PASSED for r in results)

@@ -1,0 +1,76 @@
+"""The executor's wipe (deploy/sandbox/files/scrub.py) and the stdin_stdout rule that a case
+whose leftovers could not be removed ends the job (issue 12, hole 5)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.sandbox_files import load
+
+scrub = load("scrub")
+executor = load("executor")
+jobproc = load("jobproc")
+
+
+def deep_tree(root: Path, depth: int) -> None:
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    with open(f"/proc/self/fd/{fd}/f", "w") as f:
+        f.write("x")
+    os.chmod(".", 0, dir_fd=fd)  # unreadable at the bottom
+    os.close(fd)
+
+
+def test_wipe_removes_a_tree_deeper_than_recursion_and_path_limits(tmp_path: Path) -> None:
+    deep_tree(tmp_path, 3000)  # 6000 bytes of path: over PATH_MAX, over the recursion limit
+    for i in range(200):
+        (tmp_path / f"file{i}").write_text("x")
+    (tmp_path / "wide").mkdir()
+    for i in range(300):
+        (tmp_path / "wide" / f"sub{i}").mkdir()
+    (tmp_path / "locked").mkdir(mode=0o500)
+    assert scrub.wipe([str(tmp_path)]) and not os.listdir(tmp_path)
+
+
+def test_wipe_never_follows_a_symlink(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    inside = tmp_path / "scratch"
+    inside.mkdir()
+    (inside / "link").symlink_to(outside)
+    (inside / "filelink").symlink_to(outside / "keep")
+    assert scrub.wipe([str(inside)])
+    assert (outside / "keep").read_text() == "precious" and not os.listdir(inside)
+
+
+def test_wipe_gives_up_at_the_deadline(tmp_path: Path) -> None:
+    deep_tree(tmp_path, 50)
+    assert not scrub.wipe([str(tmp_path)], deadline=0.0)
+
+
+def test_a_case_that_left_something_behind_ends_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed wipe after case 1 stops the job: cases 2 and 3 never run on its leftovers,
+    and they count as failed (not a masked sandbox_error, not a pass)."""
+    ran = []
+
+    def run_case(job: Any, ctx: Any, sp: Any, case: Any, deadline: float) -> tuple[Any, ...]:
+        ran.append(case["stdin"])
+        out = jobproc.Capture(100)
+        out(case["stdout"].encode())
+        return "eof", 0, "ok\n", out, jobproc.Capture(100), False
+
+    monkeypatch.setattr(executor, "_run_case", run_case)
+    job = {"cases": [{"stdin": s, "stdout": s} for s in "abc"], "keep_output": 100}
+    result = executor.stdin_stdout(job, None, None, 0.0)
+    assert ran == ["a"]
+    assert (result["outcome"], result["passed"], result["total"]) == ("failed", 1, 3)
+    assert "not run" in result["detail"]
