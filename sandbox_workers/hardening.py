@@ -63,10 +63,12 @@ def container_kwargs(
     image: str,
     limits: Limits,
     labels: dict[str, str] | None = None,
-    user: str = SERVER_USER,
-    caps: tuple[str, ...] = SERVER_CAPS,
+    user: str = SANDBOX_USER,
+    caps: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Keyword arguments for docker-py `containers.run/create` that apply the profile."""
+    """Keyword arguments for docker-py `containers.run/create` that apply the profile. The
+    default is the plain user with no capability at all; the pool's job-server containers
+    pass SERVER_USER and SERVER_CAPS."""
     import docker.types
 
     mem = f"{limits.memory_mb}m"
@@ -76,7 +78,7 @@ def container_kwargs(
         "user": user,
         "network_mode": "none",
         "cap_drop": ["ALL"],
-        "cap_add": list(caps),
+        **({"cap_add": list(caps)} if caps else {}),
         "security_opt": ["no-new-privileges:true"],
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs_opts, "/work": tmpfs_opts.replace("noexec,", "")},

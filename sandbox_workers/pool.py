@@ -30,6 +30,7 @@ from typing import Any, Final, Literal
 from sandbox_workers import execio, reaper
 from sandbox_workers.hardening import (
     SANDBOX_USER,
+    SERVER_CAPS,
     SERVER_USER,
     UID_BLOCKS,
     Limits,
@@ -169,7 +170,9 @@ class ContainerPool:
             reaper.UID_LABEL: str(block),
         }
         # by id, not tag: every container runs exactly the image the results name
-        kwargs = container_kwargs(self.image_digest, self.cfg.limits, labels)
+        kwargs = container_kwargs(
+            self.image_digest, self.cfg.limits, labels, user=SERVER_USER, caps=SERVER_CAPS
+        )
         server = self.cfg.transport == "server"
         command = [*SERVER_ARGV, "--base-uid", str(block)] if server else ["sleep", "infinity"]
         container = self._client.containers.create(command=command, stdin_open=server, **kwargs)

@@ -5,6 +5,10 @@ python_tests: `code` is the module `solution` (solution.py in the job's scratch 
 plain asserts that import from `solution`; each test function (each parameter set of a
 `pytest.mark.parametrize`) is one counted test. The tests run in a trusted harness that
 calls into the candidate's process with plain data only (deploy/sandbox/files/harness.py).
+The candidate's exceptions reach the tests as mirrors of their declared builtin type:
+`except ValueError` and `pytest.raises(ValueError)` match them, `isinstance(e, ValueError)`
+does not, and no implicit control flow (the end of an iteration, a generator's close, an
+interpreter exit) takes them for its own.
 
 stdin_stdout: `code` is a program run once per case, fresh each time, with the case's
 stdin; its whole stdout is compared with the case's under this rule: trailing spaces,
@@ -33,7 +37,10 @@ def feedback_spec(spec: VerifierSpec) -> VerifierSpec | None:
 
 class PythonTests:
     name = "python_tests"
-    version = "1.0"
+    version = "1.1"
+    """1.1: the candidate's exceptions are matched only by an explicit except/pytest.raises
+    of their declared type; a dead candidate fails every later test; a failed import of the
+    solution outranks a failing import of the tests (issue 12)."""
 
     def problem(self, spec: VerifierSpec) -> str | None:
         if not spec.tests or not spec.tests.strip():
@@ -46,7 +53,9 @@ class PythonTests:
 
 class StdinStdout:
     name = "stdin_stdout"
-    version = "1.0"
+    version = "1.1"
+    """1.1: a case whose processes or files cannot be removed ends the job; the cases not
+    run count as failed (issue 12)."""
 
     def problem(self, spec: VerifierSpec) -> str | None:
         return None if spec.cases else "no cases (VerifierSpec.cases is empty)"

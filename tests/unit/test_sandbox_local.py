@@ -34,7 +34,7 @@ async def sandbox() -> AsyncIterator[VerifyingSandbox]:
 async def test_pass_fail_and_partial(sandbox: VerifyingSandbox) -> None:
     r = await sandbox.run(pt_request(GOOD))
     assert (r.outcome, r.passed, r.total) == (Outcome.PASSED, 3, 3)
-    assert (r.verifier_name, r.verifier_version) == ("python_tests", "1.0")
+    assert (r.verifier_name, r.verifier_version) == ("python_tests", "1.1")
     r = await sandbox.run(pt_request(WRONG))
     assert (r.outcome, r.passed, r.total) == (Outcome.FAILED, 0, 3)
     assert "test_small" in r.detail and "add(1, 2) == 3" in r.detail

@@ -248,10 +248,12 @@ def main(argv):
     if container:
         privs.set_nondumpable()
     srv = Server(container, base, root)
-    _preload()
+    once = "--once" in argv
+    if not once:  # a one-shot server would pay for the imports and never reuse them
+        _preload()
     signal.set_wakeup_fd(srv.wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    return srv.serve("--once" in argv)
+    return srv.serve(once)
 
 
 def boot(here):

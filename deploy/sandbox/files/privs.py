@@ -13,7 +13,6 @@ the target's real and saved uid, which are not the job's).
 """
 
 import contextlib
-import ctypes
 import errno
 import os
 import signal
@@ -25,11 +24,15 @@ PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 CAP_LAST = 63
-_libc = ctypes.CDLL(None, use_errno=True)
+_libc = []
 
 
 def _prctl(option, arg):
-    if _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
+    import ctypes  # only where privileges are dropped (not in local mode): it is slow to import
+
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    if _libc[0].prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}, {arg}): {os.strerror(err)}")
 
