@@ -15,9 +15,10 @@ import pytest_asyncio
 from sandbox_workers import pool as pool_module
 from sandbox_workers.hardening import SANDBOX_LABEL
 from sandbox_workers.reaper import POOL_LABEL, UID_LABEL
-from sandbox_workers.sandbox import VerifyingSandbox, docker_sandbox
+from sandbox_workers.sandbox import VerifyingSandbox
 from schemas.sandbox import Outcome
 from services.infra import docker_engine
+from services.sandbox_wiring import docker_sandbox
 from services.settings import Settings
 from tests.integration import sandbox_hostile_programs as hp
 from tests.integration.test_sandbox_hostile import closed, with_pool

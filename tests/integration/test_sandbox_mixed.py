@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sandbox_workers.sandbox import docker_sandbox
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
+from services.sandbox_wiring import docker_sandbox
 from services.settings import Settings
 from tests.integration import sandbox_hostile_programs as hp
 from tests.integration.sandbox_leaks import owned_by
