@@ -355,9 +355,9 @@ class ContainerPool:
             if slot.session is not None:
                 slot.session.close()
         mine = await asyncio.to_thread(
-            self._client.containers.list,
+            self._client.api.containers,  # low-level: no inspect that a removal could fail
             all=True,
             filters={"label": f"{reaper.POOL_LABEL}={self.pool_id}"},
         )
-        await asyncio.gather(*(asyncio.to_thread(self._remove, str(c.id)) for c in mine))
+        await asyncio.gather(*(asyncio.to_thread(self._remove, str(c["Id"])) for c in mine))
         await asyncio.to_thread(self._client.close)

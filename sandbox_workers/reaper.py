@@ -51,12 +51,14 @@ def owner_alive(token: str) -> bool | None:
 def reap_orphans(client: Any) -> int:
     """Remove the sandbox containers of dead owners on this host; how many were removed."""
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": SANDBOX_LABEL}):
-        token = (container.labels or {}).get(OWNER_LABEL)
+    # the low-level list: the high-level one inspects every container, and fails when one
+    # of them is removed meanwhile (by its pool, or by another worker's reaper)
+    for container in client.api.containers(all=True, filters={"label": SANDBOX_LABEL}):
+        token = (container.get("Labels") or {}).get(OWNER_LABEL)
         if token is None or owner_alive(token) is not False:
             continue
         with contextlib.suppress(Exception):
-            container.remove(force=True)
+            client.api.remove_container(container["Id"], force=True)
             removed += 1
     if removed:
         log.warning("removed %d sandbox containers left behind by dead workers", removed)
