@@ -326,16 +326,25 @@ def _register_status(app: typer.Typer) -> None:
         from services.status import snapshot
 
         settings = _settings(ctx, **{"topics.prefix": prefix})
-        if as_json or once:
-            snap = asyncio.run(snapshot(settings, window))
-            if as_json:
-                typer.echo(json.dumps(snap.to_json(), indent=2))
+        try:
+            if as_json or once:
+                _status_once(asyncio.run(snapshot(settings, window)), as_json)
             else:
-                from rich.console import Console
+                status_view.live(settings, interval, count, window)
+        except Exception as exc:  # an operator command reports, it never dies with a trace
+            typer.echo(f"status: cannot read run {settings.topics.prefix}: {exc!r}", err=True)
+            raise typer.Exit(1) from None
 
-                Console().print(status_view.render(snap))
-            return
-        status_view.live(settings, interval, count, window)
+
+def _status_once(snap: Any, as_json: bool) -> None:
+    from services import status_view
+
+    if as_json:
+        typer.echo(json.dumps(snap.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(status_view.render(snap))
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:
