@@ -37,7 +37,7 @@ from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
 from learner.sample import Sample, from_scored, problem
 from learner.trainer import Trainer
-from learner.weights import WeightStore
+from learner.weights import WeightStore, announced_readable
 from schemas import codec
 from schemas.deadletter import publish_dead_letter
 from schemas.messages import LedgerEntry, LedgerStatus, ScoredTrajectory, WeightUpdate
@@ -178,6 +178,8 @@ class Learner:
         if not self.ckpt.is_flushed(path):
             await self._flush(path, st.outbox, offsets)
         log.info("resumed from %s: step %d, version %d", path.name, st.step, self.version)
+        if announced and not await asyncio.to_thread(announced_readable, self.store, announced):
+            await self.publish()  # the store lost the announced blob: the checkpoint's weights
         await self.io.seek(offsets)
 
     # -- main loop ---------------------------------------------------------------------
