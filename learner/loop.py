@@ -31,7 +31,7 @@ from pathlib import Path
 
 from learner import staleness
 from learner.batching import TokenBudgetBatcher
-from learner.bookkeeping import DedupWindow, OffsetTracker
+from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer
 from learner.checkpoint import CheckpointManager, CheckpointState
 from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
@@ -71,19 +71,6 @@ class LoopConfig:
     max_seconds: float | None = None
     idle_exit_s: float | None = None
     """Stop after this long without records and with nothing pending (tests, benchmarks)."""
-
-
-class _Outbox:
-    """A producer that only appends to the outbox (for publish_dead_letter)."""
-
-    def __init__(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
-        self.items = items
-
-    async def send_and_wait(
-        self, topic: str, value: bytes | None = None, key: bytes | None = None
-    ) -> object:
-        self.items.append((topic, key, value or b""))
-        return None
 
 
 @dataclass
@@ -146,6 +133,7 @@ class Learner:
         self.outbox: list[tuple[str, bytes | None, bytes]] = []
         self.last_publish_step = self.last_ckpt_step = 0
         self.pending_since: float | None = None
+        self.drops_since: float | None = None
         self.summary = Summary()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
@@ -205,6 +193,8 @@ class Learner:
                         break
                 if self._batch_overdue():
                     await self._train(self.batcher.flush())
+                if self._drops_due():  # only drops since the last checkpoint: flush them
+                    await self.checkpoint()
                 idle = self.cfg.idle_exit_s
                 if (
                     idle is not None
@@ -229,6 +219,16 @@ class Learner:
             return False
         return time.monotonic() - self.pending_since >= self.cfg.batch_max_wait_s
 
+    def _drops_due(self) -> bool:
+        """Ledger entries of drops (stale, masked, dead letters) wait, no training pending
+        or done since the last checkpoint, for `batch_max_wait_s`: a drop-only stream
+        commits its ledger and offsets too."""
+        if not self.outbox or len(self.batcher) or self.trainer.steps != self.last_ckpt_step:
+            self.drops_since = None
+            return False
+        self.drops_since = self.drops_since or time.monotonic()
+        return time.monotonic() - self.drops_since >= self.cfg.batch_max_wait_s
+
     async def _finish(self) -> None:
         if self.trainer.steps > self.last_publish_step:
             await self.publish()
@@ -250,7 +250,7 @@ class Learner:
             msg = await self.unpack(rec.value)
         except codec.SchemaError as exc:
             await publish_dead_letter(
-                _Outbox(self.outbox),
+                OutboxProducer(self.outbox),
                 self.cfg.dlq_topic,
                 reason=f"undecodable ScoredTrajectory: {exc}",
                 source_topic=rec.topic,
