@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from schemas import topics
@@ -44,6 +45,9 @@ class KafkaIO:
         self.floor: dict[int, int] = {}
         """Per partition, the group's committed offset (read at seek, raised by commit)."""
         self._floor_read = False
+        self.guard: Callable[[], Awaitable[None]] | None = None
+        """Awaited before every write (announcement, outbox, commit): the learner's lease
+        check (services/learner_lease.py), which raises when this learner is fenced."""
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -109,7 +113,12 @@ class KafkaIO:
         )
         return [kafka.Record.of(m) for msgs in batches.values() for m in msgs]
 
+    async def _guarded(self) -> None:
+        if self.guard is not None:
+            await self.guard()
+
     async def commit(self, offsets: dict[int, int]) -> None:
+        await self._guarded()
         if not self._floor_read:  # a restart's first flush comes before its seek
             await self._read_floor()
         ahead = {p: max(o, self.floor.get(p, 0)) for p, o in offsets.items()}
@@ -120,9 +129,11 @@ class KafkaIO:
     async def send_and_wait(
         self, topic: str, value: bytes | None = None, key: bytes | None = None
     ) -> object:
+        await self._guarded()
         return await self.producer.send_and_wait(topic, value=value, key=key)
 
     async def send_all(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
+        await self._guarded()
         futures = [await self.producer.send(topic, value=v, key=k) for topic, k, v in items]
         if futures:
             await asyncio.gather(*futures)
