@@ -145,9 +145,7 @@ async def _serve(
     try:
         learner = service.build(settings.learner, ports, **limits)
         lease.on_lost = learner.request_stop
-        learner.ckpt = fenced_checkpoints(
-            ports.checkpoint_dir, settings.learner.checkpoint_keep, lease
-        )
+        fence_checkpoints(learner.ckpt, lease)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
         await io.start()
         return await service.serve(learner)
