@@ -193,7 +193,7 @@ class Learner:
                         break
                 if self._batch_overdue():
                     await self._train(self.batcher.flush())
-                if self._drops_due():  # only drops since the last checkpoint: flush them
+                if self._drops_due():  # nothing to train, entries waiting: flush them
                     await self.checkpoint()
                 idle = self.cfg.idle_exit_s
                 if (
@@ -220,10 +220,9 @@ class Learner:
         return time.monotonic() - self.pending_since >= self.cfg.batch_max_wait_s
 
     def _drops_due(self) -> bool:
-        """Ledger entries of drops (stale, masked, dead letters) wait, no training pending
-        or done since the last checkpoint, for `batch_max_wait_s`: a drop-only stream
-        commits its ledger and offsets too."""
-        if not self.outbox or len(self.batcher) or self.trainer.steps != self.last_ckpt_step:
+        """Ledger entries wait in the outbox with nothing to train for `batch_max_wait_s`
+        (a stream of only stale or masked samples, or an idle learner): flush them."""
+        if not self.outbox or len(self.batcher):
             self.drops_since = None
             return False
         self.drops_since = self.drops_since or time.monotonic()

@@ -62,7 +62,7 @@ class ChaosStack:
     settings: Settings
     procs: Supervisor
     dir: Path
-    console: Console = field(default_factory=Console)
+    console: Console = field(default_factory=lambda: Console(stderr=True))
     current: dict[str, Service] = field(default_factory=dict)
     counter: Any = None
     killed: list[str] = field(default_factory=list)
@@ -133,10 +133,28 @@ class ChaosStack:
             self.start(name)
 
     def _victims(self, name: str) -> list[Service]:
-        if name == "learner":  # the active one (or either: the other takes over)
-            alive = [self.current[n] for n in ("learner", "learner-standby")]
-            return [next((s for s in alive if s.alive), alive[0])]
+        if name == "learner":  # the active one: the lease holder (the standby takes over)
+            both = [self.current[n] for n in ("learner", "learner-standby")]
+            holder = self._lease_pid()
+            return [next((s for s in both if s.proc and s.proc.pid == holder), both[0])]
         return [self.current[name]]
+
+    def _lease_pid(self) -> int | None:
+        """The pid in the learner lease's holder (`{host}-{pid}-{random}|{token}`)."""
+        import redis
+
+        key = f"rollstream:{self.settings.topics.prefix}:learner-lease:"
+        client = redis.Redis.from_url(self.settings.redis.endpoint, socket_timeout=3)
+        try:
+            raw = client.get(key + self.settings.learner.policy)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+        if not isinstance(raw, bytes):
+            return None
+        pid = raw.decode().split("|")[0].rsplit("-", 2)
+        return int(pid[1]) if len(pid) == 3 and pid[1].isdigit() else None
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         for s in self._victims(name):

@@ -115,7 +115,7 @@ class LearnerLease:
                     holder = await self.redis.get(self.key)
                     log.warning("standby: lease %s held by %r; waiting", self.key, holder)
                     announced = True
-            except OSError as exc:  # Redis down: keep waiting
+            except Exception as exc:  # Redis down or restarting: keep waiting
                 log.warning("lease %s: %s", self.key, exc)
             await asyncio.sleep(self.ttl_ms / 4000)
         return False
