@@ -94,11 +94,16 @@ class ChaosStack:
         self.say(f"run [bold]{self.settings.topics.prefix}[/]: logs in {self.dir}/logs")
 
     def down(self) -> None:
-        from services.infra import stack
+        """Stop the services (sandbox workers remove their containers), then the own
+        Kafka and Redis. Never `stack.down`: it reaps every sandbox container of the
+        shared Docker engine, other runs' included."""
+        from services.infra import kafka, redis_local
 
         self.procs.stop_all(30)
-        for name, stopped in stack.down(self.settings):
-            self.say(f"own stack: {name} {'stopped' if stopped else 'was not running'}")
+        stopped = kafka.stop_all(self.settings, timeout_s=30)
+        stopped.append(("redis", redis_local.process(self.settings).stop(timeout_s=30)))
+        for name, was in stopped:
+            self.say(f"own stack: {name} {'stopped' if was else 'was not running'}")
 
     async def _restart_infra(self, name: str) -> None:
         from services.infra import kafka, redis_local
