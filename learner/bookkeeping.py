@@ -55,3 +55,16 @@ class DedupWindow:
 
     def to_list(self) -> list[str]:
         return list(self._ids)
+
+
+class OutboxProducer:
+    """A producer that only appends to the learner's outbox (for publish_dead_letter)."""
+
+    def __init__(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
+        self.items = items
+
+    async def send_and_wait(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None
+    ) -> object:
+        self.items.append((topic, key, value or b""))
+        return None

@@ -109,6 +109,9 @@ class LearnerSettings(Section):
     """Checkpoint every this many steps; ledger entries and offset commits follow each."""
     checkpoint_keep: int = Field(default=3, ge=1)
     """Checkpoints kept."""
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    """One active learner per policy: the lease (Redis, with a fencing token) expires this
+    long after its holder stops renewing it; a standby then takes over."""
     dedup_window: int = Field(default=100_000, ge=1)
     """Trajectory ids remembered (in checkpoints) to skip redelivered rewards."""
     tensorboard: bool = True

@@ -31,13 +31,13 @@ from pathlib import Path
 
 from learner import staleness
 from learner.batching import TokenBudgetBatcher
-from learner.bookkeeping import DedupWindow, OffsetTracker
+from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer
 from learner.checkpoint import CheckpointManager, CheckpointState
 from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
 from learner.sample import Sample, from_scored, problem
 from learner.trainer import Trainer
-from learner.weights import WeightStore
+from learner.weights import WeightStore, announced_readable
 from schemas import codec
 from schemas.deadletter import publish_dead_letter
 from schemas.messages import LedgerEntry, LedgerStatus, ScoredTrajectory, WeightUpdate
@@ -71,19 +71,6 @@ class LoopConfig:
     max_seconds: float | None = None
     idle_exit_s: float | None = None
     """Stop after this long without records and with nothing pending (tests, benchmarks)."""
-
-
-class _Outbox:
-    """A producer that only appends to the outbox (for publish_dead_letter)."""
-
-    def __init__(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
-        self.items = items
-
-    async def send_and_wait(
-        self, topic: str, value: bytes | None = None, key: bytes | None = None
-    ) -> object:
-        self.items.append((topic, key, value or b""))
-        return None
 
 
 @dataclass
@@ -146,6 +133,7 @@ class Learner:
         self.outbox: list[tuple[str, bytes | None, bytes]] = []
         self.last_publish_step = self.last_ckpt_step = 0
         self.pending_since: float | None = None
+        self.drops_since: float | None = None
         self.summary = Summary()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
@@ -178,6 +166,8 @@ class Learner:
         if not self.ckpt.is_flushed(path):
             await self._flush(path, st.outbox, offsets)
         log.info("resumed from %s: step %d, version %d", path.name, st.step, self.version)
+        if announced and not await asyncio.to_thread(announced_readable, self.store, announced):
+            await self.publish()  # the store lost the announced blob: the checkpoint's weights
         await self.io.seek(offsets)
 
     # -- main loop ---------------------------------------------------------------------
@@ -203,6 +193,8 @@ class Learner:
                         break
                 if self._batch_overdue():
                     await self._train(self.batcher.flush())
+                if self._drops_due():  # nothing to train, entries waiting: flush them
+                    await self.checkpoint()
                 idle = self.cfg.idle_exit_s
                 if (
                     idle is not None
@@ -227,6 +219,15 @@ class Learner:
             return False
         return time.monotonic() - self.pending_since >= self.cfg.batch_max_wait_s
 
+    def _drops_due(self) -> bool:
+        """Ledger entries wait in the outbox with nothing to train for `batch_max_wait_s`
+        (a stream of only stale or masked samples, or an idle learner): flush them."""
+        if not self.outbox or len(self.batcher):
+            self.drops_since = None
+            return False
+        self.drops_since = self.drops_since or time.monotonic()
+        return time.monotonic() - self.drops_since >= self.cfg.batch_max_wait_s
+
     async def _finish(self) -> None:
         if self.trainer.steps > self.last_publish_step:
             await self.publish()
@@ -248,7 +249,7 @@ class Learner:
             msg = await self.unpack(rec.value)
         except codec.SchemaError as exc:
             await publish_dead_letter(
-                _Outbox(self.outbox),
+                OutboxProducer(self.outbox),
                 self.cfg.dlq_topic,
                 reason=f"undecodable ScoredTrajectory: {exc}",
                 source_topic=rec.topic,

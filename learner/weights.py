@@ -58,6 +58,20 @@ class WeightStore(Protocol):
         ...
 
 
+def announced_readable(store: WeightStore, announced: bytes) -> bool:
+    """Whether `store` still serves the blob a `weights` record points at (a Redis that
+    lost its data, a pruned or damaged blob: not)."""
+    from schemas import codec
+    from schemas.learning import WeightUpdate
+
+    try:
+        update = codec.decode(announced, WeightUpdate)
+        store.get(update.uri, update.sha256)
+    except Exception:  # missing, damaged, or the store is unreachable: all "not readable"
+        return False
+    return True
+
+
 def serialize(state: Mapping[str, Tensor]) -> bytes:
     from safetensors.torch import save
 

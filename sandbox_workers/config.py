@@ -57,7 +57,7 @@ class SandboxSettings(Section):
     """A container is replaced after this many jobs even when every job was clean."""
     worker_id: str | None = None
     """Stable id of this sandbox worker: its Kafka transactional id and the results'
-    worker_id. Unique per live worker. Unset: the host name."""
+    worker_id. Unique per live worker. Unset: `{host}-{pid}-{random}`, unique per process."""
     worker_metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics of the sandbox worker on 127.0.0.1:PORT (0: off)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)

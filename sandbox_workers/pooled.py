@@ -10,10 +10,13 @@ from sandbox_workers.sandbox import JobLimits, VerifyingSandbox
 
 
 def worker_id(section: SandboxSettings, given: str | None = None) -> str:
-    """The worker's id: `given`, else `sandbox.worker_id`, else the host name."""
+    """The worker's id: `given`, else `sandbox.worker_id`, else unique to this process
+    (host name, pid and a random tail: two workers on one host never share an id)."""
+    import os
     import socket
 
-    return given or section.worker_id or socket.gethostname()
+    unique = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    return given or section.worker_id or unique
 
 
 async def docker_sandbox(

@@ -56,7 +56,8 @@ class DeadLetter:
 
 
 class Fenced(Exception):
-    """Another live worker holds this worker's transactional id."""
+    """Another live worker holds this worker's transactional id, or its consumer group
+    generation is no longer current (its partitions moved): nothing it sends commits."""
 
 
 class WorkerIO(Protocol):

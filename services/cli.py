@@ -190,6 +190,7 @@ def demo(ctx: typer.Context) -> None:
 
 def _register_areas() -> None:
     from services import (
+        cli_chaos,
         cli_dispatcher,
         cli_learner,
         cli_ops,
@@ -204,6 +205,7 @@ def _register_areas() -> None:
     cli_learner.register(app)
     cli_ops.register(app)
     cli_rollout.register(app)
+    cli_chaos.register(app)
 
 
 _register_areas()

@@ -138,6 +138,10 @@ RewardPairs = Annotated[
 Rate = Annotated[float | None, typer.Option(help="Records per second (0: no limit).")]
 DryRun = Annotated[bool, typer.Option(help="Only count what would be replayed.")]
 Lineage = Annotated[bool, typer.Option(help="List new id -> original id.")]
+Tag = Annotated[
+    str | None,
+    typer.Option(help="Name of this replay (default: from what it does; a rerun resumes)."),
+]
 
 
 def _register_replay(app: typer.Typer) -> None:
@@ -161,6 +165,7 @@ def _register_replay(app: typer.Typer) -> None:
         rate: Rate = None,
         dry_run: DryRun = False,
         lineage: Lineage = False,
+        tag: Tag = None,
         as_json: AsJson = False,
     ) -> None:
         """Publish a run's trajectories again, with lineage; optionally re-scored.
@@ -187,7 +192,9 @@ def _register_replay(app: typer.Typer) -> None:
             else:
                 sel = _selection(since, until, start_offset, end_offset, partition)
                 source = rp.TopicSource(from_prefix or settings.topics.prefix, topic, sel)
-            job = rp.replay(settings, source, verifier=changes, reward_map=rmap, dry_run=dry_run)
+            job = rp.replay(
+                settings, source, verifier=changes, reward_map=rmap, dry_run=dry_run, tag=tag
+            )
             report = asyncio.run(job)
         except (ValueError, LogFileError) as exc:
             raise _fail(str(exc)) from None
@@ -326,16 +333,25 @@ def _register_status(app: typer.Typer) -> None:
         from services.status import snapshot
 
         settings = _settings(ctx, **{"topics.prefix": prefix})
-        if as_json or once:
-            snap = asyncio.run(snapshot(settings, window))
-            if as_json:
-                typer.echo(json.dumps(snap.to_json(), indent=2))
+        try:
+            if as_json or once:
+                _status_once(asyncio.run(snapshot(settings, window)), as_json)
             else:
-                from rich.console import Console
+                status_view.live(settings, interval, count, window)
+        except Exception as exc:  # an operator command reports, it never dies with a trace
+            typer.echo(f"status: cannot read run {settings.topics.prefix}: {exc!r}", err=True)
+            raise typer.Exit(1) from None
 
-                Console().print(status_view.render(snap))
-            return
-        status_view.live(settings, interval, count, window)
+
+def _status_once(snap: Any, as_json: bool) -> None:
+    from services import status_view
+
+    if as_json:
+        typer.echo(json.dumps(snap.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(status_view.render(snap))
 
 
 def _print(data: dict[str, Any], as_json: bool) -> None:

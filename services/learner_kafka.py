@@ -4,11 +4,19 @@ The consumer joins the learner's group (schemas.topics.LEARNER, one per policy) 
 commit offsets: it is assigned every partition of `rewards` by hand and positioned from
 the checkpoint (learner/io.py has the contract). The producer is the idempotent acks=all
 one of services/kafka.py.
+
+Committed offsets are a floor: `seek` never positions before the group's committed offset
+and `commit` never moves it back. Records below it were trained or dropped and their
+ledger entries sent by an earlier flush; a learner resuming from an older checkpoint (the
+newest one corrupt) would otherwise train them, and write their ledger entries, twice.
+Such skipped records are logged (their ledger entries already say what happened).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from schemas import topics
@@ -20,6 +28,7 @@ if TYPE_CHECKING:
     from services.settings import Settings
 
 FETCH_BYTES = 32 << 20
+log = logging.getLogger(__name__)
 
 
 class KafkaIO:
@@ -33,6 +42,12 @@ class KafkaIO:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.partitions: list[int] = []
+        self.floor: dict[int, int] = {}
+        """Per partition, the group's committed offset (read at seek, raised by commit)."""
+        self._floor_read = False
+        self.guard: Callable[[], Awaitable[None]] | None = None
+        """Awaited before every write (announcement, outbox, commit): the learner's lease
+        check (services/learner_lease.py), which raises when this learner is fenced."""
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -68,18 +83,29 @@ class KafkaIO:
 
         return TopicPartition(self.topic, partition)
 
-    async def seek(self, offsets: dict[int, int]) -> None:
-        c = self.consumer
+    async def _read_floor(self) -> None:
         for p in self.partitions:
-            tp = self._tp(p)
-            if p in offsets:
-                c.seek(tp, offsets[p])
-                continue
-            committed = await c.committed(tp)
+            committed = await self.consumer.committed(self._tp(p))
             if committed is not None:
-                c.seek(tp, committed)
+                self.floor[p] = max(committed, self.floor.get(p, 0))
+        self._floor_read = True
+
+    async def seek(self, offsets: dict[int, int]) -> None:
+        await self._read_floor()
+        for p in self.partitions:
+            tp, committed = self._tp(p), self.floor.get(p)
+            start = offsets.get(p, committed)
+            if committed is not None and start is not None and start < committed:
+                log.warning(
+                    "%s: checkpoint offset %d is behind the committed %d (an older checkpoint"
+                    " resumed): skipping %d records already in the ledger",
+                    tp, start, committed, committed - start,
+                )  # fmt: skip
+                start = committed
+            if start is None:
+                await self.consumer.seek_to_beginning(tp)
             else:
-                await c.seek_to_beginning(tp)
+                self.consumer.seek(tp, start)
 
     async def poll(self, timeout_s: float, max_records: int) -> list[kafka.Record]:
         batches = await self.consumer.getmany(
@@ -87,16 +113,27 @@ class KafkaIO:
         )
         return [kafka.Record.of(m) for msgs in batches.values() for m in msgs]
 
+    async def _guarded(self) -> None:
+        if self.guard is not None:
+            await self.guard()
+
     async def commit(self, offsets: dict[int, int]) -> None:
-        if offsets:
-            await self.consumer.commit({self._tp(p): o for p, o in offsets.items()})
+        await self._guarded()
+        if not self._floor_read:  # a restart's first flush comes before its seek
+            await self._read_floor()
+        ahead = {p: max(o, self.floor.get(p, 0)) for p, o in offsets.items()}
+        if ahead:
+            await self.consumer.commit({self._tp(p): o for p, o in ahead.items()})
+            self.floor.update(ahead)
 
     async def send_and_wait(
         self, topic: str, value: bytes | None = None, key: bytes | None = None
     ) -> object:
+        await self._guarded()
         return await self.producer.send_and_wait(topic, value=value, key=key)
 
     async def send_all(self, items: list[tuple[str, bytes | None, bytes]]) -> None:
+        await self._guarded()
         futures = [await self.producer.send(topic, value=v, key=k) for topic, k, v in items]
         if futures:
             await asyncio.gather(*futures)

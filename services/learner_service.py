@@ -10,15 +10,19 @@ topics exist (services/topics.py) before the learner starts. With several ranks
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import socket
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from learner.loop import Summary
     from learner.weights import WeightStore
+    from services.learner_lease import LearnerLease
     from services.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,26 +71,61 @@ async def run_service(
     idle_exit_s: float | None = None,
     store_hook: Callable[[WeightStore], WeightStore] | None = None,
 ) -> Summary:
-    """Run the learner until stopped (SIGTERM/SIGINT), or until a limit is reached.
+    """Run the learner until stopped (SIGTERM/SIGINT), or until a limit is reached. It
+    first takes its policy's lease (services/learner_lease.py), as a standby while another
+    learner holds it.
 
     On a rank other than 0 of a data-parallel job (torchrun's environment): follow rank 0,
     touching no Kafka, Redis or file (learner/parallel.py); the summary has its steps."""
     from learner import service
     from learner.distributed import DistEnv
     from learner.loop import Summary
+    from services import topics as topic_admin
+    from services.learner_lease import LearnerLease
 
     if not DistEnv.from_env().is_main:
         return Summary(steps=service.follow(settings.learner))
+    await topic_admin.ensure(settings)
+    lease = LearnerLease.from_settings(settings)
+    try:
+        if not await _standby(lease):
+            return Summary()
+        return await _serve(settings, lease, store_hook, max_steps, max_seconds, idle_exit_s)
+    finally:
+        await lease.release()
+
+
+async def _standby(lease: LearnerLease) -> bool:
+    """Wait for the lease; SIGTERM/SIGINT meanwhile: False."""
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        return await lease.acquire(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+async def _serve(
+    settings: Settings,
+    lease: LearnerLease,
+    store_hook: Callable[[WeightStore], WeightStore] | None,
+    *limit_values: float | int | None,
+) -> Summary:
+    from learner import service
     from schemas.messages import ScoredTrajectory
     from services import blobs
-    from services import topics as topic_admin
     from services.learner_kafka import KafkaIO
+    from services.learner_lease import FencedStore, fence_checkpoints
 
-    await topic_admin.ensure(settings)
     store = weight_store(settings)
     if store_hook is not None:
         store = store_hook(store)
     io = KafkaIO(settings, settings.learner.policy)
+    io.guard = lease.check
     claim = blobs.from_settings(settings)
 
     async def unpack(data: bytes) -> ScoredTrajectory:
@@ -96,15 +135,17 @@ async def run_service(
         prefix=settings.topics.prefix,
         io=io,
         unpack=unpack,
-        store=store,
+        store=FencedStore(store, lease),
         checkpoint_dir=checkpoint_dir(settings),
         tensorboard_dir=tensorboard_dir(settings),
         writer=f"learner@{socket.gethostname()}",
     )
-    limits = {"max_steps": max_steps, "max_seconds": max_seconds, "idle_exit_s": idle_exit_s}
+    limits = dict(zip(("max_steps", "max_seconds", "idle_exit_s"), limit_values, strict=True))
     learner = None
     try:
         learner = service.build(settings.learner, ports, **limits)
+        lease.on_lost = learner.request_stop
+        fence_checkpoints(learner.ckpt, lease)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
         await io.start()
         return await service.serve(learner)

@@ -15,6 +15,10 @@ Modes:
 
 Two passes over the same records: the first counts (groups, duplicates, what is skipped
 and why; a dry run stops there), the second publishes, throttled by a token bucket.
+Resumable and idempotent: ids and groups come from (source id, replay tag) (see
+services/replay_plan.py); before publishing, the target topic is scanned for the tag's
+groups (by record key, `{group}~{tag}`) and what it already holds is skipped
+(`already_published`), so a rerun publishes nothing new.
 Records that cannot be used are skipped and counted with their reason, never published.
 """
 
@@ -33,7 +37,7 @@ from schemas import codec, topics
 from schemas.envelope import Message
 from schemas.rollout import ScoredTrajectory, Trajectory
 from services import kafka_read, logfiles
-from services.replay_plan import GroupPlan, TokenBucket, derive, rescore_group
+from services.replay_plan import GroupPlan, TokenBucket, derive, replay_tag, rescore_group
 
 if TYPE_CHECKING:
     from schemas.claimcheck import ClaimCheck
@@ -77,6 +81,8 @@ class ReplayReport:
     duplicates: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     published: int = 0
+    already_published: int = 0
+    """Replayed copies the target held before this run (an earlier run of the same tag)."""
     parents: dict[str, str] = field(default_factory=dict)
     """New trajectory id -> original id (lineage), for the published ones."""
 
@@ -92,6 +98,7 @@ class ReplayReport:
             "duplicates": self.duplicates,
             "skipped": dict(self.skipped),
             "published": self.published,
+            "already_published": self.already_published,
         }
         if with_ids:
             out["lineage"] = self.parents
@@ -149,16 +156,20 @@ async def replay(
     verifier: dict[str, Any] | None = None,
     reward_map: RewardsSettings | None = None,
     dry_run: bool = False,
+    tag: str | None = None,
 ) -> ReplayReport:
-    """Replay `source` into `to_prefix` (default: the settings' prefix); see the module."""
+    """Replay `source` into `to_prefix` (default: the settings' prefix); see the module.
+    `tag`: names this replay (default: derived from what it does, so a rerun resumes)."""
     from services import blobs
 
     if verifier and reward_map is not None:
         raise ValueError("choose a verifier override or a reward map, not both")
     to_prefix = to_prefix or settings.topics.prefix
     out_topic = topics.REWARDS if reward_map is not None else topics.TRAJECTORIES
-    plan = GroupPlan()
-    report = ReplayReport(_describe(source), out_topic.full_name(to_prefix), plan.tag, dry_run)
+    target = out_topic.full_name(to_prefix)
+    rmap = None if reward_map is None else reward_map.model_dump()
+    plan = GroupPlan(tag=tag or replay_tag(_describe(source), target, verifier or {}, rmap))
+    report = ReplayReport(_describe(source), target, plan.tag, dry_run)
     claim = blobs.from_settings(settings)
     try:
         reader = _Reader(settings, source, claim)
@@ -171,7 +182,8 @@ async def replay(
             )
         if not dry_run and report.trajectories:
             await _ensure_topics(settings, to_prefix)
-            await _publish(settings, reader, plan, report, claim, verifier, reward_map)
+            held = await _already(settings, target, plan.tag, claim)
+            await _publish(settings, reader, plan, report, claim, verifier, reward_map, held)
     finally:
         await claim.aclose()
     return report
@@ -196,7 +208,9 @@ async def _count(reader: _Reader, plan: GroupPlan, report: ReplayReport, need_sc
     async for msg in reader.messages(report.skipped):
         report.read += 1
         traj = _trajectory(msg, report.skipped, need_scored)
-        if traj is not None:
+        if traj is not None and traj.group_id.endswith(f"~{plan.tag}"):
+            report.skipped["this replay's own output (an earlier run of its tag)"] += 1
+        elif traj is not None:
             plan.add(traj)
     report.trajectories, report.groups = plan.trajectories, plan.groups
     report.duplicates = plan.duplicates
@@ -210,8 +224,9 @@ async def _publish(
     claim: ClaimCheck,
     verifier: dict[str, Any] | None,
     reward_map: RewardsSettings | None,
+    held: set[str],
 ) -> None:
-    sink = _Sink(settings, report, claim)
+    sink = _Sink(settings, report, claim, held)
     await sink.start()
     try:
         done: set[str] = set()
@@ -243,11 +258,32 @@ async def _publish(
         await sink.stop()
 
 
+def _trajectory_id(msg: Message) -> str:
+    return msg.trajectory.id if isinstance(msg, ScoredTrajectory) else msg.id
+
+
+async def _already(settings: Settings, target: str, tag: str, claim: ClaimCheck) -> set[str]:
+    """Ids of the trajectories of replay `tag` that `target` already holds (their records
+    are keyed by the replayed group id, which ends with `~{tag}`)."""
+    suffix, timeout = f"~{tag}".encode(), settings.replay.read_timeout_s
+    held: set[str] = set()
+    async for rec in kafka_read.records(settings, target, None, timeout, missing_ok=True):
+        if rec.key is None or not rec.key.endswith(suffix):
+            continue
+        try:
+            held.add(_trajectory_id(await claim.unpack(rec.value or b"")))
+        except codec.SchemaError:
+            continue  # unreadable: not counted as held, so it is published again
+    return held
+
+
 class _Sink:
     """Idempotent producer with claim check, batching and the token bucket."""
 
-    def __init__(self, settings: Settings, report: ReplayReport, claim: ClaimCheck) -> None:
-        self.settings, self.report, self.claim = settings, report, claim
+    def __init__(
+        self, settings: Settings, report: ReplayReport, claim: ClaimCheck, held: set[str]
+    ) -> None:
+        self.settings, self.report, self.claim, self.held = settings, report, claim, held
         cfg = settings.replay
         self.bucket = TokenBucket(cfg.rate, cfg.burst)
         self.batch_size = cfg.batch
@@ -261,6 +297,9 @@ class _Sink:
         await self.producer.start()
 
     async def send(self, key: str, msg: Message) -> None:
+        if _trajectory_id(msg) in self.held:
+            self.report.already_published += 1
+            return
         delay = self.bucket.wait(1)
         if delay > 0:
             await asyncio.sleep(delay)

@@ -1,9 +1,14 @@
 """The pure part of replay: lineage, regrouping, verifier overrides, reward-map re-scoring,
 throttling and instants. services/replay.py does the reading and publishing.
 
-Lineage: a replayed trajectory is a new message (new id, origin=replay) whose parent_id
-is the id of the trajectory it copies; a replay of a replay points at its immediate
-parent, so the chain can be followed back to the original.
+Lineage: a replayed trajectory is a new message (origin=replay) whose parent_id is the id
+of the trajectory it copies; a replay of a replay points at its immediate parent, so the
+chain can be followed back to the original.
+
+Idempotency: the new id is derived from (source id, replay tag), the tag from what the
+replay does (source, target, verifier override, reward map) unless given, so a rerun of
+the same replay makes the same ids and groups, and services/replay.py skips the ones the
+target already holds: an interrupted replay resumes; a finished one publishes nothing.
 
 Groups: the dispatcher remembers emitted groups and drops late members (ledger: late),
 so a replay must not reuse the original group ids. Each original group becomes a new
@@ -14,8 +19,11 @@ and scored at once instead of waiting for its deadline.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +45,22 @@ _TAG_ROOM: Final = 24
 def new_tag() -> str:
     """A short tag naming one replay run (the random tail of a UUIDv7)."""
     return new_id().replace("-", "")[-10:]
+
+
+def replay_tag(*parts: object) -> str:
+    """The tag of a replay doing `parts` (source, target, verifier override, reward map):
+    the same replay gets the same tag, another one another tag."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def replayed_id(source_id: str, tag: str) -> str:
+    """The replayed copy's id: a UUIDv8 (RFC 9562, custom) hashed from (source id, tag)."""
+    digest = hashlib.sha256(f"{source_id}\x1f{tag}".encode()).digest()
+    value = int.from_bytes(digest[:16], "big")
+    value = value & ~(0xF << 76) | (0x8 << 76)  # version 8
+    value = value & ~(0x3 << 62) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
 
 
 def replay_group_id(original: str, tag: str) -> str:
@@ -111,12 +135,12 @@ def derive(
     verifier: dict[str, Any] | None = None,
     created_at: float | None = None,
 ) -> Trajectory:
-    """The replayed copy of `traj`: new id, origin=replay, parent_id=traj.id, regrouped,
-    optionally with another verifier."""
+    """The replayed copy of `traj`: id from (traj.id, plan.tag), origin=replay,
+    parent_id=traj.id, regrouped, optionally with another verifier."""
     group_id, size, index = plan.place(traj)
     return msgspec.structs.replace(
         traj,
-        id=new_id(),
+        id=replayed_id(traj.id, plan.tag),
         created_at=now() if created_at is None else created_at,
         origin=Origin.REPLAY,
         parent_id=traj.id,

@@ -7,6 +7,13 @@ worker service (`rollstream sandbox-worker`, `sandbox exec`, the demo's evaluati
   services/kafka.py: a transactional producer (transactional id
   `{prefix}.sandbox-worker.{worker_id}`) and a read_committed consumer in the group
   schemas.topics.SANDBOX_WORKERS; results, dead letters and offsets in one transaction.
+  Zombie fencing: aiokafka sends offsets with TxnOffsetCommit v0, which carries no group
+  generation (KIP-447), so before committing each transaction the worker asks the group
+  coordinator whether its generation and member id are still current (a Heartbeat with
+  them); a worker that was paused past its session timeout while its partitions moved
+  gets ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID, aborts the transaction and stops (Fenced):
+  its results never reach the dispatcher. A live member cannot lose its partitions
+  within a session timeout of a successful heartbeat, and the commit follows at once.
 - `docker_sandbox`, `worker`, `serve`: build the pool, the worker, and run it.
 """
 
@@ -40,6 +47,10 @@ if TYPE_CHECKING:
     from services.settings import Settings
 
 log = logging.getLogger("rollstream.sandbox.worker")
+TRANSACTION_TIMEOUT_MS = 15000
+"""A worker's transactions are short (one batch of results); a dead worker's open one
+(worker ids are unique per process, so no successor aborts it) holds back read_committed
+readers of its partitions at most this long."""
 
 
 class StackHost:
@@ -78,7 +89,7 @@ class KafkaWorkerIO:
         s = self.settings
         self.producer = kafka.producer(
             s, self.client_id, transactional_id=self.transactional_id,
-            transaction_timeout_ms=60000,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
         )  # fmt: skip
         self.consumer = kafka.consumer(
             s, self.client_id, group_id=self.group_id, offset_reset="earliest",
@@ -115,10 +126,31 @@ class KafkaWorkerIO:
                         await self.dead_letters.send(item.record, item.reason, item.error)
                 commit = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
                 await self.producer.send_offsets_to_transaction(commit, self.group_id)
+                await self._still_member()
         except ProducerFenced as exc:
             raise Fenced(
                 f"another worker runs with the transactional id {self.transactional_id}"
             ) from exc
+
+    async def _still_member(self) -> None:
+        """Raise Fenced unless the group coordinator still knows this consumer's generation
+        and member id (inside the transaction: raising aborts it)."""
+        from aiokafka import errors
+        from aiokafka.protocol.group import HeartbeatRequest
+
+        coordinator = self.consumer._coordinator
+        generation, member = coordinator.generation, coordinator.member_id
+        if generation < 0:
+            raise Fenced(f"{self.group_id}: not a member of a generation (rejoining)")
+        response = await coordinator._send_req(HeartbeatRequest(self.group_id, generation, member))
+        error = errors.for_code(response.error_code)
+        if error in (errors.IllegalGenerationError, errors.UnknownMemberIdError):
+            raise Fenced(
+                f"{self.group_id}: generation {generation} of member {member} is no longer "
+                "current (paused past the session timeout; its partitions moved)"
+            )
+        if error not in (errors.NoError, errors.RebalanceInProgressError):
+            raise error()  # the coordinator moved, ...: retried with the batch
 
 
 def _rebalance(on_revoked: Revoked) -> Any:

@@ -1,8 +1,15 @@
-"""Redis for the local stack: the one that answers, else Debian's redis-server on 127.0.0.1."""
+"""Redis for the local stack: the one that answers, else Debian's redis-server on 127.0.0.1.
+
+The Redis started here persists with an append-only file (`appendonly yes`, `appendfsync
+everysec`) in `{state_dir}/redis/data`: a SIGKILL or restart of Redis loses at most the
+last second of writes; losing the data directory loses everything (README: "What survives
+what"). A Redis that already answers is reused as it is configured.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from services.infra.common import Check, StackError, ensure_debian_packages, which
 from services.infra.procs import ManagedProcess
@@ -42,6 +49,16 @@ def probe(settings: Settings, timeout_s: float = 2.0) -> Check:
     return check
 
 
+def server_args(port: int, data: Path) -> list[str]:
+    """redis-server's arguments: 127.0.0.1 only, AOF persistence (fsync every second) in
+    `data`, no RDB snapshots."""
+    return [
+        "--bind", "127.0.0.1", "--port", str(port), "--protected-mode", "yes",
+        "--daemonize", "no", "--dir", str(data), "--save", "",
+        "--appendonly", "yes", "--appendfsync", "everysec",
+    ]  # fmt: skip
+
+
 def up(settings: Settings) -> Check:
     current = probe(settings)
     if current.healthy or not settings.redis.managed:
@@ -53,14 +70,7 @@ def up(settings: Settings) -> Check:
         data = proc.dir / "data"
         data.mkdir(parents=True, exist_ok=True)
         binary = which("redis-server") or "redis-server"
-        proc.start(
-            [
-                binary,
-                "--bind", "127.0.0.1", "--port", str(settings.redis.port),
-                "--protected-mode", "yes", "--daemonize", "no",
-                "--dir", str(data), "--save", "", "--appendonly", "no",
-            ]
-        )  # fmt: skip
+        proc.start([binary, *server_args(settings.redis.port, data)])
     for _ in range(100):
         if proc.pid() is None:
             raise StackError(

@@ -99,8 +99,12 @@ class Handlers:
                 return Accepted(trajectory_id=tid, status=first["status"], duplicate=True)
             if tid != traj.id:  # redo the first request's effect under its id
                 traj = msgspec.structs.replace(traj, id=tid, group_id=tid)
-            await self._place(traj, body.feedback, verdict)
-            await self.state.done("trace", body.id, first)
+            async with self.state.effect("trace", body.id) as finished:
+                if finished is not None:  # a concurrent request with this id did it
+                    metrics.TRACES.labels("duplicate").inc()
+                    return Accepted(trajectory_id=tid, status=first["status"], duplicate=True)
+                await self._place(traj, body.feedback, verdict)
+                await self.state.done("trace", body.id, first)
         metrics.TRACES.labels(first["status"]).inc()
         return Accepted(trajectory_id=tid, status=first["status"])
 
@@ -150,19 +154,27 @@ class Handlers:
             )
             if first.get("done"):
                 return answer.model_copy(update={"duplicate": True})
-            holder = await self.state.join(tid, first["feedback_id"])
-            if holder != first["feedback_id"]:
-                raise ApiError(409, f"trace {tid} already has feedback ({holder}): one per trace")
-            data = await self.state.trace(tid)
-            if data is None:
-                why = f"trace {tid} is not held: it expired, or its submission never finished"
-                raise ApiError(404, why + " (submit the trace again with the same id)")
-            traj = codec.decode(data, Trajectory)
-            await self._publish_joined(traj, first["feedback_id"], body, verdict)
-            await self.state.done("feedback", body.id, first)
-            await self.state.release(tid)
+            async with self.state.effect("feedback", body.id) as finished:
+                if finished is not None:  # a concurrent request with this id did it
+                    return answer.model_copy(update={"duplicate": True})
+                await self._join_feedback(tid, first, body, verdict)
         metrics.FEEDBACK.labels(verdict.source).inc()
         return answer
+
+    async def _join_feedback(
+        self, tid: str, first: dict[str, Any], body: FeedbackIn, verdict: fb.Verdict
+    ) -> None:
+        holder = await self.state.join(tid, first["feedback_id"])
+        if holder != first["feedback_id"]:
+            raise ApiError(409, f"trace {tid} already has feedback ({holder}): one per trace")
+        data = await self.state.trace(tid)
+        if data is None:
+            why = f"trace {tid} is not held: it expired, or its submission never finished"
+            raise ApiError(404, why + " (submit the trace again with the same id)")
+        traj = codec.decode(data, Trajectory)
+        await self._publish_joined(traj, first["feedback_id"], body, verdict)
+        await self.state.done("feedback", body.id, first)
+        await self.state.release(tid)
 
     async def _trace_id(self, given: str) -> str:
         """The trajectory id a feedback names (by trajectory id or client id)."""

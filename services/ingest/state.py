@@ -12,17 +12,32 @@ Keys, under `rollstream:{prefix}:ingest:`:
   `feedback_window_s`; also in the sorted set `pending` (score: its deadline), which
   `rollstream status` counts.
 - `joined:{trajectory id}`: the feedback id joined to the trace (SET NX: one per trace).
+- `lock:{kind}:{client id}`: held (SET NX, `EFFECT_LOCK_S`) by the one request doing an
+  id's effect; a concurrent request with the same id waits until the effect is done and
+  answers as a duplicate, so concurrent requests with one id publish once.
 
 Several gateway replicas may share one Redis; every claim is a single atomic command.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
+
+EFFECT_LOCK_S = 30
+"""Longest time one request holds an id's effect lock (a request that died holding it
+blocks that id's retries this long at most)."""
+EFFECT_WAIT_S = 10.0
+"""Longest time a request waits for a concurrent one doing the same id's effect (then 503:
+retry later)."""
+_UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
 
 
 def namespace(prefix: str) -> str:
@@ -75,6 +90,27 @@ class IngestState:
         record = {**record, "done": True}
         key = f"{self.ns}req:{kind}:{client_id}"
         await self.redis.set(key, json.dumps(record), xx=True, keepttl=True)
+
+    @contextlib.asynccontextmanager
+    async def effect(self, kind: str, client_id: str) -> AsyncIterator[dict[str, Any] | None]:
+        """Hold the effect lock of a request id. Yields the id's record when another
+        request finished the effect meanwhile (do nothing then), else None (do it, then
+        `done`). TimeoutError when a concurrent request holds it past EFFECT_WAIT_S."""
+        key, token = f"{self.ns}lock:{kind}:{client_id}", os.urandom(8).hex()
+        deadline = time.monotonic() + EFFECT_WAIT_S
+        while not await self.redis.set(key, token, nx=True, ex=EFFECT_LOCK_S):
+            found = await self.record(kind, client_id)
+            if found is not None and found.get("done"):
+                yield found
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request id {client_id!r} is being handled: retry later")
+            await asyncio.sleep(0.05)
+        try:
+            found = await self.record(kind, client_id)
+            yield found if found is not None and found.get("done") else None
+        finally:
+            await self.redis.eval(_UNLOCK, 1, key, token)
 
     async def client_of(self, trajectory_id: str) -> str | None:
         raw = await self.redis.get(f"{self.ns}tid:{trajectory_id}")

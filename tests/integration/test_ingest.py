@@ -266,3 +266,35 @@ def test_api_fuzz_finds_no_server_error(gateway: Any) -> None:
     # schema-valid requests reached the handlers (404: feedback on an unknown trace)
     assert {404, 422} <= set(statuses), statuses
     print(f"API fuzz: {sum(statuses.values())} requests, statuses {sorted(statuses.items())}")
+
+
+async def test_concurrent_requests_with_one_id_publish_once(gateway: Any) -> None:
+    """Many clients send the same id at the same moment (real concurrent HTTP requests):
+    one effect, every answer the same trajectory id, the rest marked duplicate."""
+    import asyncio
+
+    gw, run = gateway
+    bodies = {
+        "verified": trace("c-ver", verifier={"name": "exact", "answer": "42"}),
+        "scored": trace("c-fb", feedback={"thumbs": 1}),
+        "held": trace("c-held"),
+    }
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as client:
+        for body in bodies.values():
+            answers = await asyncio.gather(
+                *[client.post("/v1/trajectories", json=body, headers=AUTH) for _ in range(12)]
+            )
+            assert {a.status_code for a in answers} == {202}, [a.text for a in answers]
+            assert len({a.json()["trajectory_id"] for a in answers}) == 1
+            assert sum(not a.json().get("duplicate") for a in answers) == 1
+        held = answers[0].json()["trajectory_id"]
+        rating = {"id": "c-rate", "trace_id": held, "thumbs": 1}
+        answers = await asyncio.gather(
+            *[client.post("/v1/feedback", json=rating, headers=AUTH) for _ in range(12)]
+        )
+        assert {a.status_code for a in answers} == {202}, [a.text for a in answers]
+        assert sum(not a.json().get("duplicate") for a in answers) == 1
+    assert len(await read_all(run, topics.TRAJECTORIES, Trajectory)) == 1
+    rewards = await read_all(run, topics.REWARDS, ScoredTrajectory)
+    assert len(rewards) == len({r.trajectory.id for r in rewards}) == 2  # inline and rated
+    assert len(await read_all(run, topics.FEEDBACK, Feedback)) == 2

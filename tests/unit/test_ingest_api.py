@@ -63,6 +63,13 @@ class FakeRedis:
     async def ping(self) -> bool:
         return True
 
+    async def eval(self, script: str, numkeys: int, key: str, token: str) -> int:
+        """Only the gateway's compare-and-delete of its effect lock."""
+        if self.data.get(key) == token.encode():
+            del self.data[key]
+            return 1
+        return 0
+
     async def aclose(self) -> None:
         return None
 

@@ -1,0 +1,194 @@
+"""`rollstream chaos --minutes N`: the tiny pipeline under SIGKILLs, then an audit.
+
+1. A stack of its own: a Kafka broker and a Redis (AOF) on free ports under
+   `runs/<prefix>/state` (the shared stack is never touched; the Docker engine is shared,
+   it is not a victim), the run's topics.
+2. The services as processes (services/demo.py's environment): a sandbox worker, the
+   reward dispatcher, two learners (one active, one standby on the lease), a generator
+   and the feeder.
+3. For N minutes, rounds over the components in a random order (generator, dispatcher,
+   sandbox worker, learner, Redis, the Kafka broker): SIGKILL one, start it again a
+   second later, and wait until its output moves again (trajectories, rewards, sandbox
+   results, ledger; Redis and the broker: rewards and ledger); that wait is its
+   recovery time. Once a round the sandbox worker is SIGSTOPped past its session
+   timeout, then resumed (it is fenced and exits; it is started again). A service that
+   exits on its own is started again too.
+4. Drain: the feeder and the generator stop; the rest finish what was published; the
+   learners stop (final checkpoint); `rollstream audit --finished` of the run.
+5. `lost N, trained twice N, conflicts N` and the recovery times per component.
+
+services/chaos_stack.py holds the stack, process and offset plumbing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from schemas import topics
+
+if TYPE_CHECKING:
+    from services.chaos_stack import ChaosStack
+    from services.settings import Settings
+
+COMPONENTS = ("generator", "dispatcher", "sandbox-worker", "learner", "redis", "kafka")
+PROGRESS = {
+    "generator": (topics.TRAJECTORIES,),
+    "dispatcher": (topics.REWARDS,),
+    "sandbox-worker": (topics.SANDBOX_RESULTS,),
+    "learner": (topics.LEDGER,),
+    "redis": (topics.REWARDS, topics.LEDGER),
+    "kafka": (topics.REWARDS, topics.LEDGER),
+    "sandbox-worker (paused)": (topics.SANDBOX_RESULTS,),
+}
+"""The topics whose growth shows that a component works again (all of them)."""
+RECOVERY_TIMEOUT_S = 150.0
+PAUSE_S = 16.0
+"""SIGSTOP length: past the sandbox worker's 10 s session timeout."""
+
+
+@dataclass
+class ChaosReport:
+    minutes: float
+    recoveries: dict[str, list[float]] = field(default_factory=dict)
+    not_recovered: dict[str, int] = field(default_factory=dict)
+    restarts_on_own: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    trained_twice: int = 0
+    conflicts: int = 0
+    audit: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.trained_twice or self.conflicts)
+
+    def line(self) -> str:
+        return f"lost {self.lost}, trained twice {self.trained_twice}, conflicts {self.conflicts}"
+
+    def recovery_lines(self) -> list[str]:
+        out = []
+        for name, times in sorted(self.recoveries.items()):
+            missed = self.not_recovered.get(name, 0)
+            if times:
+                out.append(
+                    f"{name}: {len(times) + missed} kills, recovery median "
+                    f"{statistics.median(times):.1f} s, max {max(times):.1f} s"
+                    + (f", {missed} not recovered in {RECOVERY_TIMEOUT_S:.0f} s" if missed else "")
+                )
+            else:
+                out.append(f"{name}: {missed} kills, none recovered in {RECOVERY_TIMEOUT_S:.0f} s")
+        for name, n in sorted(self.restarts_on_own.items()):
+            out.append(f"{name}: exited on its own {n} times (started again)")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "minutes": self.minutes,
+            "lost": self.lost,
+            "trained_twice": self.trained_twice,
+            "conflicts": self.conflicts,
+            "recoveries_s": self.recoveries,
+            "not_recovered": self.not_recovered,
+            "restarts_on_own": self.restarts_on_own,
+            "audit": self.audit,
+        }
+
+
+def trained_twice(conflicts: dict[str, list[str]]) -> int:
+    """Trajectories with two or more distinct `trained` ledger entries."""
+    return sum(1 for fates in conflicts.values() if sum(f.startswith("trained") for f in fates) > 1)
+
+
+async def _recover(
+    stack: ChaosStack, since: float, base: dict[topics.TopicSpec, int]
+) -> float | None:
+    """Seconds from `since` until every progress topic of `name` grew past `base`."""
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    waiting = set(base)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        counts = await stack.counts(list(waiting))
+        waiting = {t for t in waiting if counts.get(t, -1) <= base[t]}
+        if not waiting:
+            return time.monotonic() - since
+    return None
+
+
+async def _strike(stack: ChaosStack, report: ChaosReport, name: str, paused: bool) -> None:
+    label = f"{name} (paused)" if paused else name
+    specs = PROGRESS[label]
+    if paused:
+        stack.signal(name, signal.SIGSTOP)
+        since = time.monotonic()
+        await asyncio.sleep(PAUSE_S)
+        base = await stack.counts([topics.SANDBOX_RESULTS])
+        stack.signal(name, signal.SIGCONT)
+    else:
+        base = await stack.counts(list(specs))
+        since = time.monotonic()
+        await stack.kill(name)
+        await asyncio.sleep(1.0)
+        await stack.restart(name)
+    stack.say(f"{label}: {'paused' if paused else 'killed'}, waiting for it to recover")
+    took = await _recover(stack, since, base)
+    if took is None:
+        report.not_recovered[label] = report.not_recovered.get(label, 0) + 1
+        report.recoveries.setdefault(label, [])
+        stack.say(f"[yellow]{label}: no progress within {RECOVERY_TIMEOUT_S:.0f} s[/]")
+    else:
+        report.recoveries.setdefault(label, []).append(round(took, 2))
+        stack.say(f"{label}: recovered in {took:.1f} s")
+
+
+async def _rounds(stack: ChaosStack, report: ChaosReport, seconds: float) -> None:
+    rng = random.Random()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        order = list(COMPONENTS)
+        rng.shuffle(order)
+        for name in order:
+            if time.monotonic() >= end:
+                return
+            await _strike(stack, report, name, paused=False)
+            await asyncio.sleep(2.0)
+        if time.monotonic() < end:
+            await _strike(stack, report, "sandbox-worker", paused=True)
+
+
+async def _audit(stack: ChaosStack, report: ChaosReport) -> None:
+    from services import audit
+
+    rep = await audit.audit(stack.settings, finished=True)
+    report.audit = rep.to_json()
+    report.lost = rep.unaccounted
+    report.conflicts = len(rep.conflicts)
+    report.trained_twice = trained_twice(rep.conflicts)
+
+
+async def run_chaos(settings: Settings, minutes: float) -> ChaosReport:
+    """The whole chaos run (see the module); the own stack is stopped at the end."""
+    from services.chaos_stack import ChaosStack
+
+    report = ChaosReport(minutes=minutes)
+    stack = ChaosStack.create(settings)
+    try:
+        await stack.up()
+        stack.start_all()
+        await stack.wait_flowing()
+        keeper = asyncio.create_task(stack.keep_alive(report.restarts_on_own))
+        try:
+            await _rounds(stack, report, minutes * 60)
+            await stack.drain()
+        finally:
+            keeper.cancel()
+        await stack.stop_learners()
+        await _audit(stack, report)
+    finally:
+        await asyncio.to_thread(stack.down)
+    stack.write(report.to_json())
+    return report
