@@ -14,24 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from schemas.records import ConsumedRecord
 
-class Record(Protocol):
-    """What the loop reads of a Kafka record (services.kafka.Record is one)."""
-
-    @property
-    def topic(self) -> str: ...
-
-    @property
-    def partition(self) -> int: ...
-
-    @property
-    def offset(self) -> int: ...
-
-    @property
-    def key(self) -> bytes | None: ...
-
-    @property
-    def value(self) -> bytes | None: ...
+Record = ConsumedRecord
+"""What the loop reads of a Kafka record (services.kafka.Record is one)."""
 
 
 class RewardsReader(Protocol):

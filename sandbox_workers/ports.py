@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from schemas.envelope import Message
+from schemas.records import ConsumedRecord
 
 T = TypeVar("T", bound=Message)
 Partition = tuple[str, int]
@@ -23,19 +24,8 @@ Revoked = Callable[[list[Partition]], Awaitable[None]]
 """Called before partitions leave this worker (a rebalance)."""
 
 
-class Incoming(Protocol):
-    """A consumed request record (services.kafka.Record fits)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
+Incoming = ConsumedRecord
+"""A consumed request record (services.kafka.Record fits)."""
 
 
 @dataclass

@@ -19,10 +19,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from schemas import topics
 from schemas.deadletter import publish_dead_letter
+from schemas.records import ConsumedRecord
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -247,19 +248,8 @@ class Follower:
             await self.consumer.stop()
 
 
-class KafkaRecord(Protocol):
-    """What a record read from Kafka offers (an aiokafka ConsumerRecord, a Record)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
+KafkaRecord = ConsumedRecord
+"""What a record read from Kafka offers (an aiokafka ConsumerRecord, a Record)."""
 
 
 @dataclass(frozen=True, slots=True)
