@@ -195,6 +195,7 @@ class Learner:
                     await self._train(self.batcher.flush())
                 if self._drops_due():  # nothing to train, entries waiting: flush them
                     await self.checkpoint()
+                    last_data = time.monotonic()  # idle counts from the end of the flush
                 idle = self.cfg.idle_exit_s
                 if (
                     idle is not None
@@ -221,12 +222,12 @@ class Learner:
 
     def _drops_due(self) -> bool:
         """Ledger entries wait in the outbox with nothing to train for `batch_max_wait_s`
-        (a stream of only stale or masked samples, or an idle learner): flush them."""
+        (at least 1 s): a stream of only stale or masked samples, or an idle learner."""
         if not self.outbox or len(self.batcher):
             self.drops_since = None
             return False
         self.drops_since = self.drops_since or time.monotonic()
-        return time.monotonic() - self.drops_since >= self.cfg.batch_max_wait_s
+        return time.monotonic() - self.drops_since >= max(self.cfg.batch_max_wait_s, 1.0)
 
     async def _finish(self) -> None:
         if self.trainer.steps > self.last_publish_step:

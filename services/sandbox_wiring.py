@@ -140,8 +140,8 @@ class KafkaWorkerIO:
 
         coordinator = self.consumer._coordinator
         generation, member = coordinator.generation, coordinator.member_id
-        if generation < 0:
-            raise Fenced(f"{self.group_id}: not a member of a generation (rejoining)")
+        if generation < 0:  # rejoining (the coordinator moved, ...): the batch is retried
+            raise RuntimeError(f"{self.group_id}: not a member of a generation (rejoining)")
         response = await coordinator._send_req(HeartbeatRequest(self.group_id, generation, member))
         error = errors.for_code(response.error_code)
         if error in (errors.IllegalGenerationError, errors.UnknownMemberIdError):
