@@ -107,7 +107,7 @@ async def run_service(
         learner = service.build(settings.learner, ports, **limits)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
         await io.start()
-        return await service.serve(learner)
+        return await service.serve(learner, service.announcer(settings.learner, ports.prefix))
     finally:
         await io.stop()
         await claim.aclose()
