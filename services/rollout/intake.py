@@ -43,8 +43,9 @@ class Intake:
         """One poll. Idle: fetch at most one task and start its worker (True when one
         started). Busy: a poll of the paused consumer that keeps the member alive."""
         self._reap()
-        if self.busy:
-            await self.consumer.getmany(timeout_ms=timeout_ms, max_records=1)
+        if self.worker is not None and self.busy:
+            await asyncio.wait({self.worker}, timeout=timeout_ms / 1000)
+            await self.consumer.getmany(timeout_ms=0, max_records=1)  # paused: liveness only
             return False
         self.consumer.resume(*self.consumer.assignment())
         batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=1)

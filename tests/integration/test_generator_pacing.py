@@ -37,7 +37,7 @@ def run_settings(settings: Settings, prefix: str) -> Settings:
                     "max_seq_len": 64,
                     "max_lag": MAX_LAG,
                 }
-            ),  # fmt: skip
+            ),
             "generator": settings.generator.model_copy(
                 update={"pacing": True, "batch_samples": BATCH, "max_new_tokens": 6, "seed": 0}
             ),
