@@ -23,10 +23,10 @@ async def sync_run(
 
     from learner.spec import make_policy
     from learner.trainer import Trainer, train_config
-    from services.sandbox_wiring import docker_sandbox
     from services.rollout import evaluate
     from services.rollout.sampler import SuiteSampler
     from services.rollout.textcodec import for_policy
+    from services.sandbox_wiring import docker_sandbox
 
     torch.set_num_threads(1)
     torch.manual_seed(s.learner.seed)
