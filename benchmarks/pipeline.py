@@ -1,22 +1,27 @@
-"""rollstream's asynchronous pipeline vs the classic synchronous RL loop, in one run.
+"""rollstream's asynchronous pipeline vs the classic synchronous RL loop vs TRL, in one run.
 
 Same tasks, same initial policy (one supervised warm-up, shared), same learner settings,
-same Docker sandbox (a warm pool of `--pool` hardened containers), same machine:
+same Docker sandbox (a warm pool of `--pool` hardened containers), same machine, for
+`--seeds` seeds each:
 
-(a) async: the demo's pipeline (services as processes: feeder, generator, reward
-    dispatcher, sandbox worker, learner over Kafka) for `--minutes`;
-(b) sync: one process, batch after batch: sample a batch of groups -> score every sample
-    (in-process verifier, or the sandbox pool, each job under its timeout) and wait for
-    the slowest -> one learner step -> repeat, for `--minutes`.
+(a) async: the demo's pipeline (benchmarks/pipeline_async.py) for `--minutes`;
+(b) sync: one process, sample a batch -> score it all -> one step (pipeline_sync.py);
+(c) TRL's GRPOTrainer on a GPT-2 built from a config of the same size, in its own
+    virtualenv (`--trl-python`, default .venv-trl/bin/python; pipeline_trl.py).
 
-Tasks: `arith` (in-process verifier) and `pyslow`, the `pyfunc` tasks whose test files
-first sleep a heavy-tailed time inside the sandbox (Pareto, alpha 1.2, 50 ms scale,
-capped at 6 s under a 10 s job limit): most verifications are quick, a few are very slow,
-like real test suites. Reported per mode: scored samples per second, mean reward of the
-samples scored in each wall-clock minute, held-out greedy pass rate of the final policy;
-and the async/sync ratios. Writes runs/<bench prefix>/pipeline.json and pipeline.png.
+Workload: `arith` (in-process verifier) and `pyslow`, the `pyfunc` tasks whose tests first
+sleep a heavy-tailed time inside the sandbox (`--cost pareto`: alpha 1.2, 50 ms scale;
+`--cost lognormal`: median 0.1 s, sigma 1.5; capped at 6 s under a 10 s job limit).
 
-    .venv/bin/python benchmarks/pipeline.py [--minutes 2] [--pool 4] [--slow-share 0.3]
+Reported: time-to-target (wall seconds until the held-out greedy pass of arith, measured
+on weight snapshots every `--eval-every` seconds off the clock, first reaches the target
+both modes reach in median: the lower of the two modes' median final values), medians
+over seeds, `time-to-target ratio` (sync / async), samples/s and their ratio, stale drops
+(% of the samples the learner settled), the lowest throughput after the first minute vs
+half the median rate, TRL's samples/s and reward per minute. Writes
+<report-dir>/<bench prefix>/pipeline.json and throughput.png.
+
+    .venv/bin/python benchmarks/pipeline.py [--minutes 1.5] [--seeds 3] [--pool 4]
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,23 +41,19 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
+from benchmarks import pipeline_measure as pm  # noqa: E402
 from schemas.rollout import Task  # noqa: E402
 from services import suites  # noqa: E402
 from services.settings import Settings, load  # noqa: E402
 
-SLEEP = (
-    "import random as _r, time as _t\n"
-    "_t.sleep(min(6.0, 0.05 * _r.paretovariate(1.2)))\n"
-)  # fmt: skip
 
-
-def slow_tasks(group_size: int) -> list[Task]:
+def slow_tasks(group_size: int, cost: str) -> list[Task]:
     """The pyfunc train tasks, renamed to suite `pyslow`, tests sleeping first."""
     import msgspec
 
-    out = []
+    out, sleep = [], pm.cost_code(cost)
     for t in suites.get("pyfunc", group_size=group_size).tasks("train"):
-        spec = msgspec.structs.replace(t.verifier, tests=SLEEP + (t.verifier.tests or ""))
+        spec = msgspec.structs.replace(t.verifier, tests=sleep + (t.verifier.tests or ""))
         out.append(
             msgspec.structs.replace(
                 t, task_id=t.task_id.replace("pyfunc", "pyslow"), suite="pyslow", verifier=spec
@@ -59,175 +62,23 @@ def slow_tasks(group_size: int) -> list[Task]:
     return out
 
 
-def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path) -> Settings:
+def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path, seed: int) -> Settings:
     share = args.slow_share
     base = load(
         [
-            f"demo.prefix={prefix}",
-            f"demo.budget_minutes={args.minutes}",
-            f"demo.report_dir={args.report_dir}",
-            "demo.live=false",
-            f"demo.eval_tasks={args.eval_tasks}",
-            f"sandbox.pool_size={args.pool}",
-            f"feeder.suites=arith={1 - share},pyslow={share}",
-            f"feeder.task_files={task_file}",
+            f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
+            f"demo.report_dir={args.report_dir}", "demo.live=false",
+            f"demo.eval_tasks={args.eval_tasks}", "demo.drain_s=10",
+            f"sandbox.pool_size={args.pool}", f"feeder.suites=arith={1 - share},pyslow={share}",
+            f"feeder.task_files={task_file}", f"feeder.seed={seed}",
             # the same task mix in both modes: no sandbox-aware pausing of pyslow
             f"feeder.max_sandbox_backlog={args.max_sandbox_backlog}",
+            f"learner.seed={seed}", f"generator.seed={seed}", *args.set,
         ]
-    )
+    )  # fmt: skip
     from services.demo import run_settings
 
     return run_settings(base)
-
-
-# -- (b) the synchronous loop -------------------------------------------------------------
-
-
-async def sync_run(s: Settings, state: dict[str, Any], tasks: list[Task], minutes: float) -> dict:
-    import torch
-
-    from learner.spec import make_policy
-    from learner.trainer import Trainer, train_config
-    from services.rollout import evaluate
-    from services.rollout.sampler import SuiteSampler
-    from services.rollout.textcodec import for_policy
-    from services.sandbox_wiring import docker_sandbox
-
-    torch.set_num_threads(1)
-    policy = make_policy(s.learner)
-    policy.load_weights(state)
-    text = for_policy(policy)
-    trainer = Trainer(policy, train_config(s.learner), torch.device("cpu"))
-    sampler = SuiteSampler(s.feeder.suites, seed=s.feeder.seed)
-    sampler.add_all(tasks)
-    sandbox = await docker_sandbox(s, f"{s.topics.prefix}-sync")
-    judges = {True: evaluate.sandbox_judge(s, sandbox), False: evaluate.in_process_judge(s)}
-    rng = torch.Generator().manual_seed(0)
-    t0 = time.monotonic()
-    log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
-    steps = 0
-    try:
-        while time.monotonic() - t0 < minutes * 60:
-            groups = _sample_batch(policy, text, sampler, s, rng)
-            scored = await _score(groups, judges, text)
-            now = time.monotonic() - t0
-            log += [(now, r) for _, rs in scored for r in rs if r is not None]
-            batch = _samples(scored)
-            if batch:
-                await asyncio.to_thread(trainer.step, batch)
-                steps += 1
-    finally:
-        await sandbox.close()
-    elapsed = time.monotonic() - t0
-    policy.eval()
-    held = await _heldout(s, policy, text)
-    return _result("sync", log, elapsed, steps, held)
-
-
-def _sample_batch(policy: Any, text: Any, sampler: Any, s: Settings, rng: Any) -> list[tuple]:
-    """Groups (task, prompt ids, completions) until the learner's token budget is full."""
-    groups, tokens = [], 0
-    while tokens < s.learner.batch_tokens:
-        task = sampler.next()
-        ids = text.prompt_ids(task)
-        cs = policy.sample(
-            ids, task.group_size, max_new_tokens=s.generator.max_new_tokens,
-            temperature=s.learner.temperature, top_p=s.generator.top_p, generator=rng,
-        )  # fmt: skip
-        groups.append((task, ids, cs))
-        tokens += sum(len(ids) + len(c.tokens) for c in cs)
-    return groups
-
-
-async def _score(groups: list[tuple], judges: dict[bool, Any], text: Any) -> list[tuple]:
-    """Score every sample of the batch; returns when the slowest verification is done."""
-    jobs = []
-    for task, _, cs in groups:
-        judge = judges[task.verifier.needs_sandbox]
-        jobs.append(asyncio.gather(*(judge(task, text.text(c.tokens)) for c in cs)))
-    verdicts = await asyncio.gather(*jobs)
-    return [(g, [r for r, _ in v]) for g, v in zip(groups, verdicts, strict=True)]
-
-
-def _samples(scored: list[tuple]) -> list[Any]:
-    import numpy as np
-
-    from learner.sample import Sample
-    from streams.groups import group_advantages
-
-    out = []
-    for (task, ids, cs), rewards in scored:
-        live = [(c, r) for c, r in zip(cs, rewards, strict=True) if r is not None]
-        advantages = group_advantages([r for _, r in live])
-        for (c, r), a in zip(live, advantages, strict=True):
-            if not c.tokens:
-                continue
-            out.append(
-                Sample(
-                    trajectory_id="", group_id="", prompt=np.array(ids, np.int32),
-                    completion=np.array(c.tokens, np.int32), advantage=a, reward=r,
-                    behaviour_logp=np.array(c.logprobs, np.float32), policy_version=0,
-                    task_id=task.task_id,
-                )
-            )  # fmt: skip
-    return out
-
-
-async def _heldout(s: Settings, policy: Any, text: Any) -> float:
-    from services.rollout import evaluate
-
-    tasks = suites.get("arith").tasks("heldout")[: s.demo.eval_tasks]
-    r = await evaluate.evaluate(policy, text, tasks, evaluate.in_process_judge(s), s, 1)
-    return r.greedy_pass
-
-
-def _result(mode: str, log: list[tuple[float, float]], elapsed: float, steps: int,
-            held: float) -> dict:  # fmt: skip
-    minutes: dict[int, list[float]] = {}
-    for t, r in log:
-        minutes.setdefault(int(t // 60), []).append(r)
-    return {
-        "mode": mode,
-        "seconds": round(elapsed, 1),
-        "samples": len(log),
-        "samples_per_s": round(len(log) / max(elapsed, 1e-9), 2),
-        "learner_steps": steps,
-        "reward_per_minute": [round(sum(v) / len(v), 4) for _, v in sorted(minutes.items())],
-        "heldout_arith_greedy": round(held, 4),
-        "curve": _curve(log),
-    }
-
-
-def _curve(log: list[tuple[float, float]], bucket_s: float = 10.0) -> list[list[float]]:
-    buckets: dict[int, list[float]] = {}
-    for t, r in log:
-        buckets.setdefault(int(t // bucket_s), []).append(r)
-    return [[(k + 0.5) * bucket_s, sum(v) / len(v)] for k, v in sorted(buckets.items())]
-
-
-# -- (a) the asynchronous pipeline ----------------------------------------------------------
-
-
-async def async_run(s: Settings, state: dict[str, Any], console: Console) -> dict:
-    from services.demo import Demo
-
-    demo = Demo(s, console)
-    demo.initial_state = state
-    rc = await demo.run()
-    if rc != 0:
-        raise RuntimeError(f"the asynchronous run failed (exit {rc}); see {demo.dir}/logs")
-    budget_s = s.demo.budget_minutes * 60
-    held = next((e.greedy_pass for e in demo.after if e.suite == "arith"), float("nan"))
-    log: list[tuple[float, float]] = []  # per-minute means, within the budget only
-    for m, (total, n) in sorted(demo.stats.per_minute.items()):
-        if m * 60 < budget_s:
-            log += [(m * 60 + 30.0, total / n)] * int(n)
-    out = _result("async", log, budget_s, demo.final_version, held)
-    in_budget = [r for r in demo.rows if r.t <= budget_s]
-    out["samples"] = in_budget[-1].scored if in_budget else 0
-    out["samples_per_s"] = round(out["samples"] / budget_s, 2)
-    out["curve"] = [[r.t, r.reward] for r in in_budget if r.reward is not None]
-    return out
 
 
 def initial_state(s: Settings) -> dict[str, Any]:
@@ -239,30 +90,141 @@ def initial_state(s: Settings) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     policy = make_policy(s.learner)
-    pairs = [(t, suites.get(n).example(t)) for n in ("arith", "pyfunc")
-             for t in suites.get(n).tasks("warmup")]  # fmt: skip
     warm = s.model_copy(
         update={"feeder": s.feeder.model_copy(update={"suites": {"arith": 0.7, "pyfunc": 0.3}})}
     )
-    warmup.supervised(policy, for_policy(policy), pairs, warm)
+    warmup.supervised(policy, for_policy(policy), warmup_pairs(), warm)
     return policy.weights()
 
 
-def report(results: list[dict], out_dir: Path, console: Console) -> None:
-    a, b = results
-    console.rule("[bold]asynchronous pipeline vs synchronous loop")
-    console.print(f"{'mode':<7} {'samples':>8} {'samples/s':>10} {'steps':>6} "
-                  f"{'held-out':>9}  reward per minute")  # fmt: skip
-    for r in results:
+def warmup_pairs() -> list[tuple[Task, str]]:
+    return [(t, suites.get(n).example(t)) for n in ("arith", "pyfunc")
+            for t in suites.get(n).tasks("warmup")]  # fmt: skip
+
+
+# -- one run per mode and seed --------------------------------------------------------------
+
+
+def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int) -> dict:
+    from benchmarks.pipeline_async import async_run
+    from benchmarks.pipeline_sync import sync_run
+
+    prefix = f"{ctx['prefix']}-{mode}{seed}"
+    s = bench_settings(args, prefix, ctx["task_file"], seed)
+    if mode == "sync":
+        raw = asyncio.run(sync_run(s, ctx["state"], ctx["tasks"], args.minutes, args.eval_every))
+        raw["times"] = [t for t, _ in raw["log"]]
+    else:
+        s = s.model_copy(update={"demo": s.demo.model_copy(update={
+            "budget_minutes": args.minutes + args.startup_s / 60})})  # fmt: skip
+        raw = asyncio.run(async_run(s, ctx["state"], ctx["console"], args.eval_every, args.minutes))
+    raw["heldout"] = asyncio.run(pm.curve(s, raw.pop("snapshots"), args.eval_tasks))
+    raw["throughput"] = pm.rates(raw.pop("times"), until=raw["seconds"])
+    samples = raw.get("samples", len(raw["log"]))
+    raw.update(seed=seed, samples=samples, samples_per_s=samples / max(raw["seconds"], 1e-9))
+    raw["stale_pct"] = 100.0 * raw["stale_drops"] / max(1, raw["settled"])
+    minutes: dict[int, list[float]] = {}
+    for t, r in raw.pop("log"):
+        minutes.setdefault(int(t // 60), []).append(r)
+    raw["reward_per_minute"] = [round(sum(v) / len(v), 4) for _, v in sorted(minutes.items())]
+    ctx["console"].print({k: v for k, v in raw.items() if k != "throughput"})
+    return raw
+
+
+def run_trl(args: argparse.Namespace, ctx: dict[str, Any], seed: int) -> dict[str, Any]:
+    s: Settings = ctx["settings"]
+    arith = [t for t in ctx["tasks"] if not t.verifier.needs_sandbox]
+    n_slow = round(len(arith) * args.slow_share / max(1e-9, 1 - args.slow_share))
+    slow = [t for t in ctx["tasks"] if t.verifier.needs_sandbox]
+    rows = [{"prompt": t.prompt, "answer": t.verifier.answer} for t in arith]
+    rows += [{"prompt": slow[i % len(slow)].prompt, "answer": None} for i in range(n_slow)]
+    ls = s.learner
+    cfg = {
+        "tasks": rows, "warmup": [[t.prompt, a] for t, a in warmup_pairs()],
+        "warmup_steps": s.demo.warmup_steps, "seed": seed, "dim": ls.tiny_dim,
+        "layers": ls.tiny_layers, "heads": ls.tiny_heads, "max_seq_len": ls.max_seq_len,
+        "pool": args.pool, "cost": args.cost, "group_size": s.feeder.group_size,
+        "prompts_per_step": args.trl_prompts, "max_new_tokens": s.generator.max_new_tokens,
+        "lr": ls.lr, "minutes": args.minutes, "out": str(ctx["out_dir"] / f"trl{seed}"),
+    }  # fmt: skip
+    path = ctx["out_dir"] / f"trl{seed}.json"
+    path.write_text(json.dumps(cfg))
+    script = str(ROOT / "benchmarks" / "pipeline_trl.py")
+    proc = subprocess.run(
+        [str(args.trl_python), script, str(path)], capture_output=True, text=True,
+        cwd=ctx["out_dir"], timeout=args.minutes * 60 + 600,
+    )  # fmt: skip
+    (ctx["out_dir"] / f"trl{seed}.log").write_text(proc.stdout + proc.stderr)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"mode": "trl"')]
+    if proc.returncode or not lines:
+        return {"mode": "trl", "error": f"exit {proc.returncode}: {proc.stderr[-500:]}"}
+    out: dict[str, Any] = json.loads(lines[-1])
+    ctx["console"].print(out)
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Medians over seeds, the target both modes reach, time-to-target and the ratios."""
+    final = {m: pm.median([r["heldout"][-1][1] for r in rs]) for m, rs in runs.items()}
+    target = min(final["sync"], final["async"])
+    out: dict[str, Any] = {"target": target, "final_heldout": final}
+    for m, rs in runs.items():
+        for r in rs:
+            r["time_to_target"] = pm.time_to(r["heldout"], target)
+        out[m] = {
+            "time_to_target": pm.median([r["time_to_target"] for r in rs]),
+            "samples_per_s": pm.median([r["samples_per_s"] for r in rs]),
+            "stale_pct": pm.median([r["stale_pct"] for r in rs]),
+            "initial_heldout": rs[0]["heldout"][0][1],
+        }
+    a, b = out["async"], out["sync"]
+    out["ttt_ratio"] = b["time_to_target"] / a["time_to_target"] if a["time_to_target"] else (
+        math.nan if not b["time_to_target"] else math.inf
+    )  # fmt: skip
+    out["sps_ratio"] = a["samples_per_s"] / max(b["samples_per_s"], 1e-9)
+    dips = [pm.dip(r["throughput"]) for r in runs["async"]]
+    out["async_dip"] = [{"median": round(m, 2), "lowest_after_60s": round(lo, 2),
+                         "ok": not lo < m / 2} for m, lo in dips]  # fmt: skip
+    return out
+
+
+def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console: Console) -> None:
+    sm = summarize(runs)
+    console.rule("[bold]asynchronous pipeline vs synchronous loop vs TRL GRPOTrainer")
+    console.print(f"target held-out greedy pass {sm['target']:.3f} (initial "
+                  f"{sm['async']['initial_heldout']:.3f}); medians over seeds")  # fmt: skip
+    console.print(f"{'mode':<6} {'samples/s':>9} {'t-to-target':>11} {'final':>6} "
+                  f"{'stale %':>7}  reward per minute (per seed)")  # fmt: skip
+    for m in ("async", "sync"):
+        x, rs = sm[m], runs[m]
         console.print(
-            f"{r['mode']:<7} {r['samples']:>8} {r['samples_per_s']:>10.2f} "
-            f"{r['learner_steps']:>6} {r['heldout_arith_greedy']:>9.3f}  {r['reward_per_minute']}"
+            f"{m:<6} {x['samples_per_s']:>9.2f} {x['time_to_target']:>10.0f}s "
+            f"{sm['final_heldout'][m]:>6.3f} {x['stale_pct']:>7.2f}  "
+            f"{[r['reward_per_minute'] for r in rs]}"
         )
-    ratio = a["samples_per_s"] / max(b["samples_per_s"], 1e-9)
-    console.print(f"throughput ratio async/sync: {ratio:.2f}x")
+    ok = [t for t in trl if "error" not in t]
+    for t in trl:
+        if "error" in t:
+            console.print(f"trl    failed: {t['error']}")
+    if ok:
+        sps = pm.median([t["samples_per_s"] for t in ok])
+        console.print(f"{'trl':<6} {sps:>9.2f} {'-':>11} {'-':>6} {'-':>7}  "
+                      f"{[t['reward_per_minute'] for t in ok]}")  # fmt: skip
+    console.print(f"time-to-target ratio {sm['ttt_ratio']:.2f}")
+    console.print(f"samples/s ratio {sm['sps_ratio']:.2f}")
+    console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
+    console.print(f"throughput after the first minute (async): {sm['async_dip']}")
     (out_dir / "pipeline.json").write_text(
-        json.dumps({"results": results, "ratio": ratio}, indent=2)
+        json.dumps({"summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)
     )
+    plot(runs, out_dir / "throughput.png")
+    console.print(f"written: {out_dir / 'pipeline.json'}, {out_dir / 'throughput.png'}")
+
+
+def plot(runs: dict[str, list[dict]], path: Path) -> None:
     try:
         import matplotlib
 
@@ -270,47 +232,71 @@ def report(results: list[dict], out_dir: Path, console: Console) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in results:
-        ax.plot([p[0] / 60 for p in r["curve"]], [p[1] for p in r["curve"]], label=r["mode"])
-    ax.set(xlabel="wall-clock minutes", ylabel="mean training reward", title="reward vs time")
-    ax.legend()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for m, style in (("async", "-"), ("sync", "--")):
+        for r in runs[m]:
+            pts = r["throughput"]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{m} s{r['seed']}")
+            h = r["heldout"]
+            bx.plot([p[0] for p in h], [p[1] for p in h], style, label=f"{m} s{r['seed']}")
+        if m == "async" and runs[m]:
+            med = pm.median([pm.dip(r["throughput"])[0] for r in runs[m]])
+            ax.axhline(med / 2, color="grey", lw=0.8, label="half the async median")
+    ax.axvline(60, color="grey", ls=":", lw=0.8)
+    ax.set(xlabel="wall-clock seconds", ylabel="scored samples/s (10 s buckets)",
+           title="throughput over time")  # fmt: skip
+    bx.set(xlabel="wall-clock seconds", ylabel="held-out greedy pass (arith)",
+           title="held-out vs time")  # fmt: skip
+    ax.legend(fontsize=7)
+    bx.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "pipeline.png", dpi=110)
-    console.print(f"written: {out_dir / 'pipeline.json'}, {out_dir / 'pipeline.png'}")
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     import msgspec
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--minutes", type=float, default=2.0, help="wall-clock budget per mode")
-    ap.add_argument("--pool", type=int, default=4, help="sandbox containers (both modes)")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=1.5, help="wall-clock budget per run")
+    ap.add_argument("--seeds", type=int, default=3, help="runs per mode")
+    ap.add_argument("--pool", type=int, default=4, help="sandbox containers (all modes)")
     ap.add_argument("--slow-share", type=float, default=0.3, help="weight of pyslow tasks")
-    ap.add_argument("--eval-tasks", type=int, default=193, help="held-out arith tasks")
-    ap.add_argument(
-        "--max-sandbox-backlog", type=int, default=0,
-        help="feeder flow control in (a); 0 (default) keeps the mix equal to (b)'s",
-    )  # fmt: skip
-    ap.add_argument("--report-dir", type=Path, default=ROOT / "runs")
+    ap.add_argument("--cost", choices=sorted(pm.COSTS), default="pareto",
+                    help="distribution of the verification cost of pyslow tasks")  # fmt: skip
+    ap.add_argument("--eval-tasks", type=int, default=100, help="held-out arith tasks")
+    ap.add_argument("--eval-every", type=float, default=10.0, help="seconds between snapshots")
+    ap.add_argument("--max-sandbox-backlog", type=int, default=0,
+                    help="feeder flow control in (a); 0 keeps the mix equal to (b)'s")  # fmt: skip
+    ap.add_argument("--startup-s", type=float, default=30.0,
+                    help="(a): extra budget for its processes to start (not measured)")  # fmt: skip
+    ap.add_argument("--trl-python", type=Path, default=ROOT / ".venv-trl" / "bin" / "python")
+    ap.add_argument("--trl-seeds", type=int, default=1, help="TRL runs (0: none)")
+    ap.add_argument("--trl-prompts", type=int, default=4, help="TRL prompts per step")
+    ap.add_argument("--set", action="append", default=[], help="extra settings KEY=VALUE")
+    ap.add_argument("--report-dir", "--out", type=Path, default=ROOT / "runs")
     args = ap.parse_args()
     console = Console()
     prefix = time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir = args.report_dir / prefix
     out_dir.mkdir(parents=True, exist_ok=True)
-    slow = slow_tasks(group_size=8)
+    slow = slow_tasks(group_size=8, cost=args.cost)
     task_file = out_dir / "pyslow.jsonl"
     task_file.write_text("".join(msgspec.json.encode(t).decode() + "\n" for t in slow))
-    s = bench_settings(args, f"{prefix}-async", task_file)
+    s = bench_settings(args, f"{prefix}-x", task_file, 0)
     console.print(f"warm-up of the shared initial policy; results in {out_dir}")
-    state = initial_state(s)
-    tasks = suites.get("arith").tasks("train") + slow
-    console.rule("[bold](b) synchronous loop")
-    sync = asyncio.run(sync_run(s, state, tasks, args.minutes))
-    console.print({k: v for k, v in sync.items() if k != "curve"})
-    console.rule("[bold](a) asynchronous pipeline")
-    asyn = asyncio.run(async_run(s, state, console))
-    report([asyn, sync], out_dir, console)
+    ctx = {"prefix": prefix, "task_file": task_file, "state": initial_state(s),
+           "tasks": suites.get("arith").tasks("train") + slow, "console": console,
+           "settings": s, "out_dir": out_dir}  # fmt: skip
+    runs: dict[str, list[dict]] = {"async": [], "sync": []}
+    for seed in range(args.seeds):
+        for mode in ("sync", "async"):
+            console.rule(f"[bold]{mode}, seed {seed}")
+            runs[mode].append(run_one(mode, args, ctx, seed))
+    trl = []
+    for seed in range(args.trl_seeds):
+        console.rule(f"[bold]TRL GRPOTrainer, seed {seed}")
+        trl.append(run_trl(args, ctx, seed))
+    report(runs, trl, out_dir, console)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,9 @@ class LearnerSettings(Section):
     """Upper bound of that term's weights."""
     publish_every: int = Field(default=1, ge=1)
     """Publish weights (store + announcement on `weights`) every this many steps."""
+    progress_every_s: float = Field(default=1.0, gt=0)
+    """How often the learner announces its settled-sample count on `progress` (when it
+    moved): generators pace on it, between weight publications too (DESIGN.md 7)."""
     weight_store: Literal["redis", "dir"] = "redis"
     """Where published weights go: `redis` (chunked; small models) or `dir` (large ones)."""
     weight_dir: Path | None = None

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from learner.policy import export_state, logprobs_from_logits
-from learner.sampling import Completion, sample
+from learner.sampling import BetweenSteps, Completion, sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,6 +88,8 @@ class HFPolicy(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        between_steps: BetweenSteps | None = None,
+        version: int = -1,
     ) -> list[Completion]:
         was_training = self.training
         self.eval()
@@ -102,6 +104,8 @@ class HFPolicy(nn.Module):
                 temperature=temperature,
                 top_p=top_p,
                 generator=generator,
+                between_steps=between_steps,
+                version=version,
             )
         finally:
             self.train(was_training)

@@ -123,7 +123,8 @@ class Learner:
         self.unpack = unpack
         self.metrics = metrics
         self.version = -1
-        self.samples_consumed = 0
+        self.samples_consumed = self.generated_consumed = 0
+        """Samples settled (trained, dropped, masked); of them, generated (version >= 0)."""
         self.tracker = OffsetTracker()
         self.dedup = DedupWindow(cfg.dedup_window)
         self.batcher: TokenBudgetBatcher[_Pending] = TokenBudgetBatcher(
@@ -160,6 +161,7 @@ class Learner:
         self.last_publish_step = int(st.extra.get("last_publish_step", st.step))
         self.version = max(st.version, last)
         self.samples_consumed = st.samples_consumed
+        self.generated_consumed = int(st.extra.get("generated", st.samples_consumed))
         self.dedup = DedupWindow(self.cfg.dedup_window, st.extra.get("dedup", []))
         offsets = st.offsets.get(self.cfg.rewards_topic, {})
         self.tracker = OffsetTracker(offsets)
@@ -306,6 +308,7 @@ class Learner:
         )
         self.dedup.add(sample.trajectory_id)
         self.samples_consumed += 1
+        self.generated_consumed += sample.version >= 0 and sample.origin == "live"
 
     # -- training, publication, checkpoints -------------------------------------------
 
@@ -377,7 +380,11 @@ class Learner:
             samples_consumed=self.samples_consumed,
             offsets={self.cfg.rewards_topic: offsets},
             outbox=self.outbox,
-            extra={"dedup": self.dedup.to_list(), "last_publish_step": self.last_publish_step},
+            extra={
+                "dedup": self.dedup.to_list(),
+                "last_publish_step": self.last_publish_step,
+                "generated": self.generated_consumed,
+            },
         )
         policy, opt = self.trainer.policy, self.trainer.optimizer
         path = await asyncio.to_thread(self.ckpt.save, state, policy, opt)  # type: ignore[arg-type]

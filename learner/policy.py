@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from learner.sampling import Completion
+from learner.sampling import BetweenSteps, Completion
 
 
 @runtime_checkable
@@ -68,9 +68,13 @@ class Policy(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        between_steps: BetweenSteps | None = None,
+        version: int = -1,
     ) -> list[Completion]:
         """Sample ``n`` completions of one prompt, each with the per-token logprobs of the
-        distribution it was actually drawn from (the behaviour logprobs)."""
+        distribution it was actually drawn from (the behaviour logprobs) and the policy
+        version of each token; `between_steps` may swap weights in between decoding steps
+        (learner/sampling.py)."""
         ...
 
     def to(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -6,18 +6,26 @@ token for each row. Sampling applies temperature, then nucleus (top-p) truncatio
 records the log-probability of each drawn token under the distribution it was drawn from,
 after both; that is the behaviour policy the learner corrects for. ``temperature <= 0``
 is greedy decoding (logprob 0: the choice was certain).
+
+In-flight weight updates (as PipelineRL): ``between_steps()``, when given, is called
+between two decoding steps; it may load newer weights into the policy in place and
+return their version (None: unchanged). The following steps run with the new weights
+(the KV cache of the tokens before stays as computed), and each token records the version
+whose logits it was drawn from, so its behaviour logprob is honest: the distribution it
+was actually drawn from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 StepFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
+BetweenSteps = Callable[[], int | None]
 
 
 @dataclass
@@ -28,6 +36,8 @@ class Completion:
     """Log-probability of each token under the sampling distribution."""
     finish_reason: str
     """stop (end-of-sequence drawn) | length (max_new_tokens reached)."""
+    versions: list[int] = field(default_factory=list)
+    """Policy version whose logits each token was drawn from (in-flight updates)."""
 
 
 def nucleus_logprobs(logits: Tensor, temperature: float, top_p: float) -> Tensor:
@@ -56,16 +66,23 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    between_steps: BetweenSteps | None = None,
+    version: int = -1,
 ) -> list[Completion]:
-    """Draw ``n`` completions of one prompt, batched (a group shares its prompt)."""
+    """Draw ``n`` completions of one prompt, batched (a group shares its prompt); tokens
+    start at `version`, and `between_steps` may move it (see the module docstring)."""
     if not prompt_ids:
         raise ValueError("sample: empty prompt")
     inputs = torch.tensor([list(prompt_ids)] * n, dtype=torch.long, device=device)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
+    versions: list[int] = []
     cache: Any = None
-    for _ in range(max_new_tokens):
+    for i in range(max_new_tokens):
+        if i and between_steps is not None:
+            newer = between_steps()
+            version = version if newer is None else newer
         logits, cache = step(inputs, cache)
         if temperature <= 0:
             nxt = logits.argmax(-1)
@@ -76,15 +93,16 @@ def sample(
             lp = dist.gather(-1, nxt[:, None]).squeeze(-1)
         tokens.append(nxt)
         logprobs.append(lp)
+        versions.append(version)
         done |= nxt == eos_id
         if bool(done.all()):
             break
         inputs = nxt[:, None]
-    return _completions(tokens, logprobs, eos_id, n)
+    return _completions(tokens, logprobs, versions, eos_id, n)
 
 
 def _completions(
-    tokens: list[Tensor], logprobs: list[Tensor], eos: int, n: int
+    tokens: list[Tensor], logprobs: list[Tensor], versions: list[int], eos: int, n: int
 ) -> list[Completion]:
     if not tokens:
         return [Completion([], [], "length") for _ in range(n)]
@@ -94,5 +112,5 @@ def _completions(
     for row_t, row_l in zip(toks, lps, strict=True):
         end = row_t.index(eos) + 1 if eos in row_t else len(row_t)
         reason = "stop" if eos in row_t else "length"
-        out.append(Completion(row_t[:end], row_l[:end], reason))
+        out.append(Completion(row_t[:end], row_l[:end], reason, versions[:end]))
     return out

@@ -34,6 +34,7 @@ from learner.io import LearnerIO
 from learner.loop import Learner, LoopConfig, Summary, Unpack
 from learner.metrics import LearnerMetrics
 from learner.parallel import DataParallelTrainer, ReplicaCheckpoints
+from learner.progress import Announcer
 from learner.spec import make_policy
 from learner.trainer import Trainer, pick_device, train_config
 from learner.weights import WeightStore
@@ -118,17 +119,28 @@ def build(section: LearnerSettings, ports: Ports, **limits: float | int | None) 
     return Learner(cfg, t, ports.store, checkpoints, ports.io, ports.unpack, metrics)
 
 
-async def serve(learner: Learner) -> Summary:
-    """Run `learner` until SIGTERM/SIGINT asks it to stop cleanly, or a limit is reached."""
+def announcer(section: LearnerSettings, prefix: str) -> Announcer:
+    """The learner's progress announcements on the run's `progress` topic."""
+    topic = topics.PROGRESS.full_name(prefix)
+    return Announcer(topic, section.policy, section.progress_every_s)
+
+
+async def serve(learner: Learner, progress: Announcer | None = None) -> Summary:
+    """Run `learner` until SIGTERM/SIGINT asks it to stop cleanly, or a limit is reached;
+    with `progress`, its settled-sample count is announced beside it."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, learner.request_stop)
     t = learner.trainer
     log.info("learner on %s (autocast %s)", t.device, t.amp_dtype)
+    beside = asyncio.create_task(progress.run(learner, learner.io)) if progress else None
     try:
         return await learner.run()
     finally:
+        if progress is not None and beside is not None:
+            progress.stop.set()
+            await beside
         if isinstance(t, DataParallelTrainer):  # the other ranks end with rank 0
             t.channel.command(distributed.Op.STOP)
             distributed.shutdown()

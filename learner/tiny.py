@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from learner.policy import export_state, logprobs_from_logits
-from learner.sampling import Completion, sample
+from learner.sampling import BetweenSteps, Completion, sample
 
 KVCache = list[tuple[Tensor, Tensor]]
 
@@ -185,6 +185,8 @@ class TinyPolicy(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        between_steps: BetweenSteps | None = None,
+        version: int = -1,
     ) -> list[Completion]:
         room = self.cfg.max_seq_len - len(prompt_ids)
         was_training = self.training
@@ -200,6 +202,8 @@ class TinyPolicy(nn.Module):
                 temperature=temperature,
                 top_p=top_p,
                 generator=generator,
+                between_steps=between_steps,
+                version=version,
             )
         finally:
             self.train(was_training)

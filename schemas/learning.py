@@ -101,3 +101,28 @@ class Feedback(Message, kw_only=True):
             raise ValueError(f"score {self.score} must be finite")
         if self.score is None and self.label is None and self.thumbs is None and not self.comment:
             raise ValueError("Feedback needs a score, a label, thumbs or a comment")
+
+
+class Progress(Message, kw_only=True):
+    """Pacing's one count (DESIGN.md 7, refined in CHANGELOG). Topic `progress`
+    (compacted), key `source`: the learner announces how many generated samples it has
+    settled, each generator how many trajectories it has produced for the learner; a
+    generator paces on (sum of the generators' `produced`) - (the learner's
+    `samples_consumed`), two counts of the same things."""
+
+    source: Key
+    """`learner/{policy}` or `generator/{generator id}`; the Kafka key, so compaction keeps
+    the newest count of each writer. writer: learner, generator; reader: generator."""
+    policy: Key
+    """Policy name. writer: learner, generator; reader: generator (other policies'
+    counts are ignored)."""
+    samples_consumed: Count = 0
+    """Learner: generated samples (policy version >= 0) it has settled so far, trained,
+    dropped or masked; production traces are not counted. writer: learner; reader:
+    generator (pacing)."""
+    produced: Count = 0
+    """Generator: trajectories it has published on `trajectories` (whole groups,
+    acknowledged) since it started. writer: generator; reader: generator (pacing)."""
+    version: int = -1
+    """Learner: the newest policy version it has published. writer: learner; reader:
+    operators."""

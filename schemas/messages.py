@@ -9,6 +9,7 @@
 | ScoredTrajectory | rewards          | schemas/rollout.py   |
 | WeightUpdate     | weights          | schemas/learning.py  |
 | LedgerEntry      | ledger           | schemas/learning.py  |
+| Progress         | progress         | schemas/learning.py  |
 | Feedback         | feedback         | schemas/learning.py  |
 | DeadLetter       | dlq              | schemas/transport.py |
 | BlobRef          | any (claim check)| schemas/transport.py |
@@ -23,7 +24,7 @@ from typing import Final
 
 from schemas.chat import ROLES, ChatMessage, FunctionCall, ToolCall
 from schemas.envelope import Message, Origin, new_id, now
-from schemas.learning import Feedback, LedgerEntry, LedgerStatus, WeightUpdate
+from schemas.learning import Feedback, LedgerEntry, LedgerStatus, Progress, WeightUpdate
 from schemas.rollout import ScoredTrajectory, Task, Trajectory
 from schemas.sandbox import IOCase, Outcome, SandboxRequest, SandboxResult, VerifierSpec
 from schemas.transport import BlobRef, DeadLetter
@@ -35,6 +36,7 @@ ALL_MESSAGES: Final[tuple[type[Message], ...]] = (
     SandboxResult,
     ScoredTrajectory,
     WeightUpdate,
+    Progress,
     LedgerEntry,
     Feedback,
     DeadLetter,
@@ -56,6 +58,7 @@ __all__ = [
     "Message",
     "Origin",
     "Outcome",
+    "Progress",
     "SandboxRequest",
     "SandboxResult",
     "ScoredTrajectory",

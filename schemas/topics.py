@@ -86,6 +86,15 @@ WEIGHTS: Final = TopicSpec(
     compacted=True,
     schemas=("WeightUpdate",),
 )
+PROGRESS: Final = TopicSpec(
+    "progress",
+    key="source",
+    partitions=1,
+    retention_ms=-1,
+    compacted=True,
+    schemas=("Progress",),
+)
+"""Pacing counts: the learner's settled samples, each generator's produced trajectories."""
 LEDGER: Final = TopicSpec(
     "ledger", key="trajectory_id", partitions=4, retention_ms=30 * DAY_MS, schemas=("LedgerEntry",)
 )
@@ -105,6 +114,7 @@ ALL: Final[tuple[TopicSpec, ...]] = (
     SANDBOX_RESULTS,
     REWARDS,
     WEIGHTS,
+    PROGRESS,
     LEDGER,
     DLQ,
     FEEDBACK,

@@ -148,7 +148,7 @@ async def _serve(
         fence_checkpoints(learner.ckpt, lease)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
         await io.start()
-        return await service.serve(learner)
+        return await service.serve(learner, service.announcer(settings.learner, ports.prefix))
     finally:
         await io.stop()
         await claim.aclose()

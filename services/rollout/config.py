@@ -34,15 +34,14 @@ class GeneratorSettings(Section):
     environment)."""
     pacing: bool = True
     """Admission control: stay at most (learner.max_lag + 1) x batch trajectories ahead of
-    the learner's published samples_consumed."""
+    the learner's settled count announced on `progress` (services/rollout/pacing.py)."""
     batch_samples: int | None = Field(default=None, ge=1)
     """Trajectories per learner batch, for pacing. Unset: learner.batch_tokens divided by
     the mean length (prompt + completion tokens) of the trajectories sampled so far."""
-    pace_stall_s: float = Field(default=15.0, ge=0)
-    """Liveness of pacing: when the learner's samples_consumed has not moved for this long
-    while a generator waits, one group may start anyway. The learner announces progress
-    only when it trains, so in-flight samples it drops as stale would otherwise hold the
-    generators forever. 0: never (strict bound)."""
+    inflight_updates: bool = True
+    """Adopt newer verified weights between two decoding steps of a running batch (as
+    PipelineRL), not only between sequences; each token records the version whose logits
+    it was drawn from (Trajectory.policy_versions)."""
     first_weights_timeout_s: float = Field(default=0.0, ge=0)
     """How long to wait for the first weights announcement before giving up (0: forever)."""
     torch_threads: int = Field(default=1, ge=1)

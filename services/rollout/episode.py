@@ -39,11 +39,14 @@ class Turn:
     tokens: list[int]
     logprobs: list[float]
     version: int
-    """Policy version that sampled every token of this turn (weights swap between turns)."""
+    """Policy version that sampled the turn's first token."""
     text: str
     finish_reason: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     """The tool calls the turn made (tool-calling episodes)."""
+    versions: list[int] | None = None
+    """Policy version of each token (weights may swap between decoding steps). None:
+    `version` for every token."""
 
 
 @dataclass
@@ -89,7 +92,7 @@ def trajectory(
             if len(part.logprobs) != n:
                 raise ValueError(f"turn has {n} tokens but {len(part.logprobs)} logprobs")
             logprobs += part.logprobs
-            versions += [part.version] * n
+            versions += part.versions if part.versions is not None else [part.version] * n
             mask += [1] * n
             calls = list(part.tool_calls)
             messages.append(ChatMessage(role="assistant", content=part.text, tool_calls=calls))

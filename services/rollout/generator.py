@@ -4,17 +4,21 @@ Consumes `tasks` in the consumer group `{prefix}.generators`; per task samples a
 `group_size` completions with the current policy (temperature `learner.temperature`,
 `generator.top_p`, `generator.max_new_tokens`), records per-token behaviour logprobs and
 the policy version of every token, and publishes one Trajectory per completion on
-`trajectories` (key group_id = the task message's id). The task's offset is committed
+`trajectories` (key group_id = the task message's id). Sampling runs in a worker, out
+of the consumer's poll loop (services/rollout/intake.py). The task's offset is committed
 after every trajectory of its group is acknowledged (at-least-once: a crash re-samples
-the task; the dispatcher keeps the first `group_size` members of a group and records the
-rest in the ledger as late).
+the task). A member's id is derived from its group and index (`member_id`), so a
+re-sampled group re-uses its ids: the dispatcher takes the second copy as a redelivery
+and a group never has more than `group_size` members.
 
-Weights: `WeightsWatcher` fetches and verifies announced weights; they are loaded between
-sequences (never during one), so every token's version is exact. Pacing: before a group,
-wait while it would put more than (max_lag + 1) x batch trajectories beyond the learner's
-samples_consumed (services/rollout/pacing.py). Episodes: the generator does not know
-single- from multi-turn or tool-calling tasks; services/rollout/episodes.py picks the
-environment that runs a task, the generator is its `Sampler`.
+Weights: `WeightsWatcher` fetches and verifies announced weights; with
+`generator.inflight_updates` they are loaded between decoding steps of a running batch
+(as PipelineRL), else between sequences; each token records the version whose logits it
+was drawn from. Pacing: before a group, wait while it would put more than (max_lag + 1) x
+batch trajectories beyond what the learner has settled, one count on both sides
+(services/rollout/pacing.py, services/rollout/progress.py). Episodes: the generator does
+not know single- from multi-turn or tool-calling tasks; services/rollout/episodes.py picks
+the environment that runs a task, the generator is its `Sampler`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from schemas import topics
 from schemas.codec import SchemaError
@@ -35,45 +40,17 @@ from services import kafka
 from services.rollout import episode, pacing
 from services.rollout import metrics as m
 from services.rollout.episodes import Episodes, import_environments
+from services.rollout.generator_state import Parts, Summary, member_id
+from services.rollout.intake import Intake
+from services.rollout.progress import ProgressBoard
 from services.rollout.weights_watch import WeightsWatcher
 
 if TYPE_CHECKING:
-    import torch
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaConsumer
 
-    from learner.policy import Policy
-    from schemas.claimcheck import ClaimCheck
-    from services.rollout.textcodec import TextCodec
     from services.settings import Settings
 
 log = logging.getLogger("rollstream.generator")
-
-
-@dataclass
-class Summary:
-    groups: int = 0
-    trajectories: int = 0
-    tokens: int = 0
-    versions: dict[int, int] = field(default_factory=dict)
-    """Trajectories per policy version they started with."""
-    swaps: int = 0
-    weight_failures: int = 0
-    paced_s: float = 0.0
-    stall_escapes: int = 0
-    """Groups started by pacing's liveness escape (generator.pace_stall_s)."""
-    dead_letters: int = 0
-
-
-@dataclass
-class Parts:
-    """What a started generator samples, reads and publishes with."""
-
-    policy: Policy
-    codec: TextCodec
-    rng: torch.Generator
-    claim: ClaimCheck
-    producer: AIOKafkaProducer
-    consumer: AIOKafkaConsumer
 
 
 class Generator:
@@ -87,6 +64,8 @@ class Generator:
         self.idle_exit_s = idle_exit_s
         self.summary = Summary()
         self.version = -1
+        self.produced = self.in_flight = 0
+        """Trajectories of whole acknowledged groups published; of the group sampling."""
         self.mean_tokens = pacing.RunningMean()
         self.lock = asyncio.Lock()
         """Held while sampling and while swapping weights: a swap never splits a sequence."""
@@ -98,6 +77,8 @@ class Generator:
         self.watcher: WeightsWatcher | None = None
         self.dead: kafka.DeadLetters | None = None
         self.episodes: Episodes | None = None
+        self.board: ProgressBoard | None = None
+        self.intake: Intake | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -132,7 +113,14 @@ class Generator:
         shapes = {k: tuple(v.shape) for k, v in policy.weights().items()}
         self.watcher = WeightsWatcher(self.settings, shapes, self.dead)
         await self.watcher.start()
+        self.board = ProgressBoard(self.settings, self.id, self.dead)
+        await self.board.start()
+        self._closing.append(self.board.stop)
         consumer = self._task_consumer()
+        self.intake = Intake(consumer, self._handle)
+        consumer.subscribe(
+            [kafka.topic(self.settings, topics.TASKS)], listener=self.intake.listener()
+        )
         await consumer.start()
         self._closing.append(consumer.stop)
         self._parts = Parts(policy, codec, rng, claim, producer, consumer)
@@ -147,7 +135,6 @@ class Generator:
         return kafka.consumer(
             self.settings,
             f"rollstream-generator-{self.id}",
-            kafka.topic(self.settings, topics.TASKS),
             group_id=kafka.group(self.settings, topics.GENERATORS),
             max_poll_records=1,
         )
@@ -194,27 +181,28 @@ class Generator:
     # -- main loop -----------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        last_task = time.monotonic()
-        while not self._stop.is_set():
-            if self.max_groups is not None and self.summary.groups >= self.max_groups:
-                return
-            batches = await self.parts.consumer.getmany(timeout_ms=500, max_records=1)
-            records = [r for rs in batches.values() for r in rs]
-            if not records:
-                if self.idle_exit_s is not None and time.monotonic() - last_task > self.idle_exit_s:
+        assert self.intake is not None
+        intake, last_task = self.intake, time.monotonic()
+        try:
+            while not self._stop.is_set():
+                done = self.max_groups is not None and self.summary.groups >= self.max_groups
+                if done and not intake.busy:
+                    return
+                if intake.busy or await intake.poll():
+                    last_task = time.monotonic()
+                    if intake.busy:
+                        await intake.poll()  # keeps the member alive while the worker runs
+                    continue
+                idle = self.idle_exit_s
+                if idle is not None and time.monotonic() - last_task > idle:
                     return
                 async with self.lock:
                     await self.swap()
-                continue
-            last_task = time.monotonic()
-            for rec in records:
-                if not await self._handle(rec):
-                    break  # the group rebalanced: the rest of the batch may be another's
+        finally:
+            await intake.drain()
 
-    async def _handle(self, rec: kafka.KafkaRecord) -> bool:
-        """Roll the task out and commit it; False when the commit was refused because the
-        group rebalanced meanwhile (another generator joined or left): the task is then
-        redelivered to the partition's new owner (at least once, like a crash)."""
+    async def _handle(self, rec: kafka.KafkaRecord) -> None:
+        """The worker of one task: decode, pace, sample, publish, commit."""
         from aiokafka import TopicPartition
         from aiokafka.errors import CommitFailedError
 
@@ -222,15 +210,13 @@ class Generator:
         if task is not None:
             group = await self.rollout(task, group_id=task.id)
             if not group:
-                return True  # stopped before sampling: the task stays uncommitted
+                return  # stopped before sampling: the task stays uncommitted for the next one
             await self.publish(group)
         tp = TopicPartition(rec.topic, rec.partition)
         try:
             await self.parts.consumer.commit({tp: rec.offset + 1})
-        except CommitFailedError:
+        except CommitFailedError:  # redelivered to the partition's new owner (stable ids)
             log.warning("commit of %s@%d refused after a rebalance; redelivered", tp, rec.offset)
-            return False
-        return True
 
     async def _decode(self, rec: kafka.KafkaRecord) -> Task | None:
         assert self.dead is not None
@@ -255,8 +241,12 @@ class Generator:
         await self.pace(task.group_size)
         if self._stop.is_set():
             return []
-        assert self.episodes is not None
-        return await self.episodes.for_task(task).group(task, group_id)
+        assert self.episodes is not None and self.intake is not None
+        self.intake.sampling, self.in_flight = True, task.group_size
+        try:
+            return await self.episodes.for_task(task).group(task, group_id)
+        finally:
+            self.in_flight = 0
 
     # -- the episodes' Sampler -----------------------------------------------------------
 
@@ -266,7 +256,8 @@ class Generator:
 
     async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
         """`n` completions of `context`, after swapping in newer verified weights (under
-        `lock`: a swap never splits a sequence)."""
+        `lock`); with inflight_updates, newer weights are also adopted between decoding
+        steps, and each token records its version."""
         async with self.lock:
             await self.swap()
             version = self.version
@@ -275,6 +266,7 @@ class Generator:
 
     def sample(self, prompt_ids: list[int], n: int) -> list[Any]:
         """Completions of one prompt with the current weights (call under `lock`)."""
+        between = self._between_steps if self.cfg.inflight_updates else None
         return list(
             self.parts.policy.sample(
                 prompt_ids,
@@ -283,16 +275,31 @@ class Generator:
                 temperature=self.settings.learner.temperature,
                 top_p=self.cfg.top_p,
                 generator=self.parts.rng,
+                between_steps=between,
+                version=self.version,
             )
         )
 
+    def _between_steps(self) -> int | None:
+        """In the sampling thread, between two decoding steps (under `lock`): load newer
+        verified weights in place; their version, or None."""
+        assert self.watcher is not None
+        ready = self.watcher.take()
+        if ready is None:
+            return None
+        self._load(ready)
+        self.summary.inflight_swaps += 1
+        return self.version
+
     def turn(self, completion: Any, version: int) -> episode.Turn:
+        versions = list(completion.versions) or [version] * len(completion.tokens)
         return episode.Turn(
             tokens=list(completion.tokens),
             logprobs=list(completion.logprobs),
-            version=version,
+            version=versions[0] if versions else version,
             text=self.parts.codec.text(completion.tokens),
             finish_reason=completion.finish_reason,
+            versions=versions,
         )
 
     async def swap(self) -> bool:
@@ -302,14 +309,17 @@ class Generator:
         ready = self.watcher.take()
         if ready is None:
             return False
-        await asyncio.to_thread(self.parts.policy.load_weights, ready.state)
+        await asyncio.to_thread(self._load, ready)
+        return True
+
+    def _load(self, ready: Any) -> None:
+        self.parts.policy.load_weights(ready.state)
         old, self.version = self.version, ready.update.version
         m.VERSION.set(self.version)
         if old >= 0:
             self.summary.swaps += 1
             m.SWAPS.inc()
         log.info("generator %s: policy v%d -> v%d", self.id, old, self.version)
-        return True
 
     # -- pacing and publication ----------------------------------------------------------
 
@@ -317,38 +327,35 @@ class Generator:
         """Wait until a group of `group_size` fits in the staleness window."""
         if not self.cfg.pacing:
             return
-        assert self.watcher is not None
-        ls, started = self.settings.learner, time.monotonic()
+        assert self.board is not None
+        ls, started, board = self.settings.learner, time.monotonic(), self.board
         while not self._stop.is_set():
-            published = await kafka.record_count(
-                self.settings, self.parts.consumer, self.trajectories_topic
-            )
             batch = pacing.batch_samples(
                 ls.batch_tokens, self.mean_tokens.value, self.cfg.batch_samples
             )
             window = pacing.window(ls.max_lag, batch)
-            consumed = self.watcher.samples_consumed
-            m.OUTSTANDING.set(published - consumed)
-            still = time.monotonic() - max(self.watcher.consumed_at, started)
-            stalled = pacing.stalled(still, self.cfg.pace_stall_s)
-            if pacing.may_start(group_size, published, consumed, window, stalled):
-                if stalled:
-                    self.summary.stall_escapes += 1
-                    log.info("pacing: learner progress still for %.0f s; one group", still)
+            now = pacing.outstanding(self.produced, 0, board.others_produced(), board.consumed)
+            m.OUTSTANDING.set(now)
+            if pacing.may_start(group_size, now, window):
+                self.summary.max_outstanding = max(self.summary.max_outstanding, now + group_size)
                 break
-            self.watcher.changed.clear()
-            await self._wait(self.watcher.changed, 0.5)
+            board.changed.clear()
+            await self._wait(board.changed, 0.5)
         self.summary.paced_s += time.monotonic() - started
         m.PACED.inc(time.monotonic() - started)
 
     async def publish(self, group: list[Trajectory]) -> None:
         """Publish a group; returns when every member is acknowledged."""
         futures = []
+        group = [msgspec.structs.replace(t, id=member_id(t.group_id, t.index)) for t in group]
         for traj in group:
             value = await self.parts.claim.pack(traj)
             key = traj.group_id.encode()
             futures.append(await self.parts.producer.send(self.trajectories_topic, value, key=key))
         await asyncio.gather(*futures)
+        self.produced += len(group)
+        assert self.board is not None
+        await self.board.announce(self.parts.producer, self.produced)
         s = self.summary
         s.groups += 1
         s.trajectories += len(group)

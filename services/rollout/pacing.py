@@ -1,24 +1,22 @@
-"""Admission control of the generators (DESIGN.md section 7), pure.
+"""Admission control of the generators (DESIGN.md section 7, refined in CHANGELOG), pure.
 
-A generator may start a group only while the trajectories published (by every producer,
-read from the end offsets of `trajectories`) stay within a window of what the learner has
-consumed (its last WeightUpdate's samples_consumed)::
+One count on both sides, of the same things: trajectories the generators produced for
+the learner (each generator counts the whole groups it published and acknowledged, and
+announces its count on `progress`) and generated samples the learner has settled
+(trained, dropped as stale or invalid, masked: it announces the count on `progress` on
+its own cadence, not only with weights)::
 
-    window = (learner.max_lag + 1) x batch         (batch: trajectories per learner step)
+    outstanding = own produced + own in flight + others' produced - learner's consumed
+    window      = (learner.max_lag + 1) x batch          (batch: trajectories per step)
     start a group of G  iff  outstanding + G <= window  or  outstanding <= 0
 
-Samples sampled further ahead than that would reach the learner more than max_lag
-versions late and be dropped as stale: compute spent for nothing. The second clause keeps
-a window smaller than one group from deadlocking. Several generators check the same
-global numbers; they may overshoot by at most (generators - 1) x G between two checks.
-
-Liveness: the learner announces samples_consumed only when it publishes weights, that is
-after a training step. When every sample in flight arrives stale (slow verifications),
-the learner drops them all without a step, the announced count stops, and the window
-would stay full forever. So when the announced count has not moved for
-`generator.pace_stall_s` (longer than the learner's batch wait: it would have trained on
-any fresh sample by then), one group may start anyway; the bound is exceeded by at most
-one group per stall period, and a learner that is down gets only that trickle.
+Dead letters, replays and production traces are on neither side, so the window does not
+drift; the learner's count moves whenever it settles samples (stale ones too), so it does
+not stall: there is no liveness escape. Samples sampled further ahead than the window
+would reach the learner more than max_lag versions late and be dropped as stale. The
+second clause keeps a window smaller than one group from deadlocking (then outstanding
+stays within one group). One generator alone never exceeds the window; several check the
+others' counts as last announced, so they may overshoot by at most (generators - 1) x G.
 """
 
 from __future__ import annotations
@@ -37,23 +35,18 @@ def batch_samples(batch_tokens: int, mean_tokens: float | None, override: int | 
 
 
 def window(max_lag: int, batch: int) -> int:
-    """Trajectories that may be outstanding (published, not yet consumed by the learner)."""
+    """Trajectories that may be outstanding (produced, not yet settled by the learner)."""
     return (max_lag + 1) * max(1, batch)
 
 
-def may_start(
-    group_size: int, published: int, consumed: int, window_size: int, stalled: bool = False
-) -> bool:
-    """Whether a group of `group_size` may be sampled now. `stalled`: the learner's
-    progress has not moved for generator.pace_stall_s (see the module docstring)."""
-    outstanding = published - consumed
-    return stalled or outstanding <= 0 or outstanding + group_size <= window_size
+def outstanding(own: int, in_flight: int, others: int, consumed: int) -> int:
+    """Trajectories produced (or being sampled) for the learner and not yet settled."""
+    return own + in_flight + others - consumed
 
 
-def stalled(consumed_since_s: float, stall_s: float) -> bool:
-    """Whether the learner's announced progress has been still for longer than `stall_s`
-    (0 disables the escape)."""
-    return stall_s > 0 and consumed_since_s > stall_s
+def may_start(group_size: int, outstanding_now: int, window_size: int) -> bool:
+    """Whether a group of `group_size` may be sampled now."""
+    return outstanding_now <= 0 or outstanding_now + group_size <= window_size
 
 
 @dataclass

@@ -6,7 +6,7 @@ its sha256 (learner.weights.fetch) and its tensor names and shapes against the r
 policy, and hands it over with `take()`; the generator loads it between sequences. A
 missing, corrupt or mismatched blob is reported (log, dead letter, counter) and the old
 weights stay; a later announcement is tried as usual. `samples_consumed` of the newest
-announcement feeds pacing.
+announcement is kept for status views (pacing counts on `progress`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class WeightsWatcher:
     _follower: kafka.Follower | None = None
     _fetching: asyncio.Task[None] | None = None
     _records: dict[int, kafka.KafkaRecord] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def start(self) -> None:
         names = [kafka.topic(self.settings, topics.WEIGHTS)]
@@ -82,10 +84,12 @@ class WeightsWatcher:
                 await self._fetching
 
     def take(self) -> Fetched | None:
-        """Verified weights newer than the loaded ones, once; the caller loads them."""
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            self._loaded_version = ready.update.version
+        """Verified weights newer than the loaded ones, once; the caller loads them. Safe
+        from the sampling thread (in-flight updates)."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+            if ready is not None:
+                self._loaded_version = ready.update.version
         return ready
 
     async def _batch(self, records: list[kafka.KafkaRecord]) -> None:
@@ -131,7 +135,8 @@ class WeightsWatcher:
         except Exception as exc:  # reported, never fatal: the old weights stay
             await self._report(update, exc)
             return
-        self._ready = Fetched(update, state)
+        with self._lock:
+            self._ready = Fetched(update, state)
         self.changed.set()
 
     async def _report(self, update: WeightUpdate, exc: BaseException) -> None:

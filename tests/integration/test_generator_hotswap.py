@@ -35,7 +35,7 @@ def run_settings(settings: Settings, prefix: str) -> Settings:
                 update={"tiny_dim": 32, "tiny_layers": 1, "tiny_heads": 2, "max_seq_len": 64}
             ),
             "generator": settings.generator.model_copy(
-                update={"pacing": False, "max_new_tokens": 6, "seed": 0}
+                update={"pacing": False, "max_new_tokens": 6, "seed": 0, "inflight_updates": False}
             ),
         }
     )

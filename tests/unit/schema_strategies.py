@@ -18,6 +18,7 @@ from schemas.messages import (
     LedgerStatus,
     Origin,
     Outcome,
+    Progress,
     SandboxRequest,
     SandboxResult,
     ScoredTrajectory,
@@ -199,6 +200,15 @@ weight_updates = st.builds(
     format=TEXT,
     samples_consumed=COUNT,
 )
+progresses = st.builds(
+    Progress,
+    **envelope(),
+    source=KEY,
+    policy=KEY,
+    samples_consumed=COUNT,
+    produced=COUNT,
+    version=st.integers(-1, 2**31),
+)
 
 
 @st.composite
@@ -261,6 +271,7 @@ BY_TYPE: dict[type, st.SearchStrategy[Any]] = {
     SandboxResult: sandbox_results,
     ScoredTrajectory: scored(),
     WeightUpdate: weight_updates,
+    Progress: progresses,
     LedgerEntry: ledger_entries(),
     Feedback: feedbacks,
     DeadLetter: dead_letters,

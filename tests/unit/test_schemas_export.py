@@ -27,7 +27,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("schemas")
     result = CliRunner().invoke(app, ["schemas", "export", str(out)])
     assert result.exit_code == 0, result.output
-    assert "wrote 10 schemas" in result.output
+    assert "wrote 11 schemas" in result.output
     return out
 
 

@@ -3,7 +3,7 @@ from schemas import topics
 
 def test_names_unique_and_prefixed() -> None:
     names = [t.name for t in topics.ALL]
-    assert len(names) == len(set(names)) == 9
+    assert len(names) == len(set(names)) == 10
     assert topics.TRAJECTORIES.full_name("exp1") == "exp1.trajectories"
     assert set(topics.BY_NAME) == set(names)
 

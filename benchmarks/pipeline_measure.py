@@ -1,0 +1,89 @@
+"""Measurements shared by the pipeline benchmark's modes (benchmarks/pipeline.py): the
+heavy-tailed verification cost, held-out greedy passes of weight snapshots taken during a
+run, time-to-target, throughput over time."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from schemas.rollout import Task
+from services import suites
+from services.settings import Settings
+
+COSTS = {
+    # seconds a verification sleeps first, inside the sandbox: most are quick, a few slow
+    "pareto": "min({cap}, 0.05 * _r.paretovariate(1.2))",
+    "lognormal": "min({cap}, _r.lognormvariate(-2.3, 1.5))",
+}
+
+
+def cost_code(kind: str, cap: float = 6.0) -> str:
+    """The Python line prepended to a task's tests: sleep a heavy-tailed time."""
+    return f"import random as _r, time as _t\n_t.sleep({COSTS[kind].format(cap=cap)})\n"
+
+
+def heldout_tasks(n: int) -> list[Task]:
+    return suites.get("arith").tasks("heldout")[:n]
+
+
+async def greedy_pass(s: Settings, policy: Any, text: Any, tasks: list[Task]) -> float:
+    """Share of held-out tasks whose greedy completion passes (in-process verifier)."""
+    import asyncio
+
+    from services.rollout import evaluate
+
+    judge = evaluate.in_process_judge(s)
+    policy.train(False)
+    jobs = []
+    for task in tasks:
+        ids = text.prompt_ids(task)
+        (c,) = policy.sample(ids, 1, max_new_tokens=s.generator.max_new_tokens, temperature=0.0)
+        jobs.append(judge(task, text.text(c.tokens)))
+    verdicts = await asyncio.gather(*jobs)
+    return sum(ok for _, ok in verdicts) / max(1, len(verdicts))
+
+
+async def curve(s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int) -> list:
+    """[[seconds, held-out greedy pass]] of each (seconds, weights) snapshot."""
+    from learner.spec import make_policy
+    from services.rollout.textcodec import for_policy
+
+    policy = make_policy(s.learner)
+    text, tasks, out = for_policy(policy), heldout_tasks(n), []
+    for t, state in snapshots:
+        policy.load_weights(state)
+        out.append([round(t, 1), round(await greedy_pass(s, policy, text, tasks), 4)])
+    return out
+
+
+def time_to(points: list[list[float]], target: float) -> float:
+    """First time the held-out curve reaches `target` (inf: never)."""
+    return next((t for t, v in points if v >= target - 1e-9), math.inf)
+
+
+def rates(times: list[float], bucket_s: float = 10.0, until: float | None = None) -> list:
+    """[[bucket middle, samples/s]] from the arrival time of every scored sample."""
+    if not times:
+        return []
+    end = until if until is not None else max(times)
+    counts = [0] * (int(end // bucket_s) + 1)
+    for t in times:
+        if t <= end:
+            counts[int(t // bucket_s)] += 1
+    full = counts[:-1] if end % bucket_s < bucket_s / 2 and len(counts) > 1 else counts
+    return [[(i + 0.5) * bucket_s, c / bucket_s] for i, c in enumerate(full)]
+
+
+def dip(points: list[list[float]], after_s: float = 60.0) -> tuple[float, float]:
+    """(median rate, lowest rate after `after_s`) of a throughput curve."""
+    values = [r for _, r in points]
+    late = [r for t, r in points if t >= after_s]
+    if not values:
+        return 0.0, 0.0
+    return statistics.median(values), (min(late) if late else math.nan)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
