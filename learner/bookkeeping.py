@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 
 class OffsetTracker:
@@ -68,3 +69,28 @@ class OutboxProducer:
     ) -> object:
         self.items.append((topic, key, value or b""))
         return None
+
+
+@dataclass
+class Summary:
+    """What a run of the loop did (returned by `Learner.run`)."""
+
+    steps: int = 0
+    version: int = -1
+    counts: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    wall_s: float = 0.0
+    wait_s: float = 0.0
+    train_s: float = 0.0
+    publish_s: float = 0.0
+    checkpoint_s: float = 0.0
+    restore_s: float = 0.0
+    """Start-up (checkpoint, announced version, first publication); not in wall_s."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_s if self.train_s else 0.0
+
+    @property
+    def wait_frac(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s else 0.0

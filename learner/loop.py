@@ -26,12 +26,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from learner import staleness
 from learner.batching import TokenBudgetBatcher
-from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer
+from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer, Summary
 from learner.checkpoint import CheckpointManager, CheckpointState
 from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
@@ -79,29 +79,6 @@ class _Pending:
     partition: int
     offset: int
     lag: int | None
-
-
-@dataclass
-class Summary:
-    steps: int = 0
-    version: int = -1
-    counts: dict[str, int] = field(default_factory=dict)
-    tokens: int = 0
-    wall_s: float = 0.0
-    wait_s: float = 0.0
-    train_s: float = 0.0
-    publish_s: float = 0.0
-    checkpoint_s: float = 0.0
-    restore_s: float = 0.0
-    """Start-up (checkpoint, announced version, first publication); not in wall_s."""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.train_s if self.train_s else 0.0
-
-    @property
-    def wait_frac(self) -> float:
-        return self.wait_s / self.wall_s if self.wall_s else 0.0
 
 
 class Learner:

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from learner import distributed, parallel
+from learner.bookkeeping import Summary
 from learner.checkpoint import CheckpointManager
 from learner.config import LearnerSettings, configure
 from learner.distributed import DistEnv
 from learner.io import LearnerIO
-from learner.loop import Learner, LoopConfig, Summary, Unpack
+from learner.loop import Learner, LoopConfig, Unpack
 from learner.metrics import LearnerMetrics
 from learner.parallel import DataParallelTrainer, ReplicaCheckpoints
 from learner.progress import Announcer

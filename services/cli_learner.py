@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from learner.loop import Summary
+    from learner.bookkeeping import Summary
     from services.settings import Settings
 
 

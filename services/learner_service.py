@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from learner.loop import Summary
+    from learner.bookkeeping import Summary
     from learner.weights import WeightStore
     from services.learner_lease import LearnerLease
     from services.settings import Settings
@@ -78,8 +78,8 @@ async def run_service(
     On a rank other than 0 of a data-parallel job (torchrun's environment): follow rank 0,
     touching no Kafka, Redis or file (learner/parallel.py); the summary has its steps."""
     from learner import service
+    from learner.bookkeeping import Summary
     from learner.distributed import DistEnv
-    from learner.loop import Summary
     from services import topics as topic_admin
     from services.learner_lease import LearnerLease
 
