@@ -8,10 +8,14 @@ Three runs on the local stack, each on a fresh topic prefix, in one process:
    (faust, group table, exactly-once transactions);
 3. dispatcher with the sandbox tier (`python_tests` in the warm Docker pool).
 
-Sustained rate = records / (last reward seen - first trajectory sent). Latency = the
-moment the reward is read minus the trajectory's created_at (the same clock).
+4. dispatcher at a sustained load of half its capacity (the rate run 2 measured), paced
+   evenly for `--sustain-s` seconds: the latency of a dispatcher that keeps up.
 
-    .venv/bin/python benchmarks/dispatcher.py [--n 2000] [--n-sandbox 200]
+Sustained rate = records / (last reward seen - first trajectory sent). Latency = the
+moment the reward is read minus the trajectory's created_at (the same clock). Ratios are
+to the floor of the same run (the machine is shared: compare within one run only).
+
+    .venv/bin/python benchmarks/dispatcher.py [--n 2000] [--n-sandbox 200] [--sustain-s 20]
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ def make(n: int, sandbox: bool) -> list[Trajectory]:
     return out
 
 
-async def send_all(settings: Settings, trajs: list[Trajectory]) -> float:
+async def send_all(settings: Settings, trajs: list[Trajectory], rate: float = 0.0) -> float:
+    """Publish `trajs` (a burst, or paced at `rate` per second, a group at a time, each
+    stamped when it is sent); returns when the first was sent."""
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.endpoint, linger_ms=5)
@@ -59,9 +65,13 @@ async def send_all(settings: Settings, trajs: list[Trajectory]) -> float:
     t0 = time.time()
     try:
         name = topics.TRAJECTORIES.full_name(settings.topics.prefix)
-        futures = [
-            await producer.send(name, codec.encode(t), key=t.group_id.encode()) for t in trajs
-        ]
+        futures = []
+        for i, t in enumerate(trajs):
+            if rate > 0 and i % 8 == 0:
+                await asyncio.sleep(max(0.0, t0 + i / rate - time.time()))
+            if rate > 0:
+                t.created_at = time.time()
+            futures.append(await producer.send(name, codec.encode(t), key=t.group_id.encode()))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -153,7 +163,9 @@ async def bench_floor(n: int) -> dict[str, object]:
     return summary("plain aiokafka loop (floor)", t0, lat, last)
 
 
-async def bench_dispatcher(n: int, sandbox: bool, log_dir: Path) -> dict[str, object]:
+async def bench_dispatcher(
+    n: int, sandbox: bool, log_dir: Path, rate: float = 0.0
+) -> dict[str, object]:
     prefix = f"bench-disp-{uuid.uuid4().hex[:6]}"
     settings = run_settings(prefix)
     await topic_admin.ensure(settings)
@@ -169,13 +181,16 @@ async def bench_dispatcher(n: int, sandbox: bool, log_dir: Path) -> dict[str, ob
         await send_all(settings, warm)
         await read_rewards(settings, len(warm), 120)
         trajs = make(n, sandbox)
-        t0 = await send_all(settings, trajs)
-        lat, last = await read_rewards(settings, len(warm) + len(trajs), 600)
+        reader = asyncio.create_task(read_rewards(settings, len(warm) + len(trajs), 600))
+        t0 = await send_all(settings, trajs, rate)
+        lat, last = await reader
         lat = lat[len(warm) :]
     finally:
         for svc in services:
             svc.stop()
     name = "dispatcher + sandbox (python_tests)" if sandbox else "dispatcher, in-process verifier"
+    if rate:
+        name = f"dispatcher at {rate:.0f}/s (half capacity)"
     return summary(name, t0, lat, last)
 
 
@@ -183,15 +198,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="trajectories (in-process runs)")
     parser.add_argument("--n-sandbox", type=int, default=200, help="trajectories (sandbox run)")
+    parser.add_argument("--sustain-s", type=float, default=20.0, help="half-capacity run (0: skip)")
     args = parser.parse_args()
 
     async def go() -> list[dict[str, object]]:
         with tempfile.TemporaryDirectory() as tmp:
-            return [
+            rows = [
                 await bench_floor(args.n),
                 await bench_dispatcher(args.n, False, Path(tmp)),
-                await bench_dispatcher(args.n_sandbox, True, Path(tmp)),
             ]
+            capacity = float(rows[1]["rate"])  # type: ignore[arg-type]
+            if args.sustain_s > 0 and capacity > 0:
+                half = capacity / 2
+                n = max(8, int(half * args.sustain_s) // 8 * 8)
+                rows.append(await bench_dispatcher(n, False, Path(tmp), rate=half))
+            if args.n_sandbox > 0:
+                rows.append(await bench_dispatcher(args.n_sandbox, True, Path(tmp)))
+            return rows
 
     rows = asyncio.run(go())
     floor = rows[0]["rate"]

@@ -25,6 +25,7 @@ back; partitions assigned again are recovered from the changelog.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -59,19 +60,48 @@ def build_app(
         claim_check=wiring.claim_check,
         table=store,
         send=_sender(app),
+        flush=lambda: app.producer.flush(),
         score_result=scoring.score_result(rewards),
         score_inline=scoring.score_inline(rewards),
         tick_topic=tick_name,
     )
 
-    async def groups(stream: Any) -> None:
-        async for batch in stream.take_events(section.batch_max, within=section.batch_within_s):
-            await d.on_events(batch)
-
-    app.agent(events, name="groups", concurrency=1)(groups)
+    app.agent(events, name="groups", concurrency=1)(_batches(d, section.batch_max))
     _rebalances(app, d, store, names[0])
     _deadlines(app, d, wiring, tick_name, section.tick_interval_s)
     return app, d
+
+
+def _batches(d: Dispatcher, most: int) -> Any:
+    """The agent: adaptive batches with manual acks, one batch in flight. Events are
+    gathered while more are already queued (none is waited for: a lone event is a batch
+    of one, so batching adds no latency), up to `most`. A batch is staged (transitions
+    run, records sent), then the previous one is awaited, and this one settles in the
+    background (acks awaited, states stored, and only then its events acked) while the
+    agent gathers and stages the next: Kafka's round trip overlaps the next batch's work,
+    and offsets and the table still never move ahead of acked effects."""
+
+    async def groups(stream: Any) -> None:
+        manual = stream.noack()
+        queue = manual.channel.queue
+        pending: list[Any] = []
+        async for event in manual.events():
+            pending.append(event)
+            if len(pending) < most and not queue.empty():
+                continue
+            batch = await d.stage(pending)
+            await d.drain()
+            d.inflight = asyncio.ensure_future(_settle(d, manual, batch, pending))
+            pending = []
+        await d.drain()
+
+    return groups
+
+
+async def _settle(d: Dispatcher, stream: Any, batch: Any, events: list[Any]) -> None:
+    await d.settle(batch)
+    for event in events:
+        await stream.ack(event)
 
 
 def make_app(wiring: Wiring) -> faust.App:
@@ -88,7 +118,9 @@ def make_app(wiring: Wiring) -> faust.App:
         topic_partitions=wiring.partitions,
         topic_replication_factor=wiring.replication,
         producer_acks=-1,
-        producer_linger_ms=1,
+        # A batch's records gather into few produce requests; the dispatcher flushes
+        # each batch at once, so the linger adds no latency to it.
+        producer_linger_ms=20,
         consumer_auto_offset_reset="earliest",
         # A dispatcher that died is noticed within seconds, so its partitions move quickly.
         broker_session_timeout=10.0,
@@ -154,14 +186,11 @@ def _raw_topic(
 
 
 def _sender(app: faust.App) -> Any:
-    """async (topic, key, value) -> delivery future: publish now (not as a faust
-    attachment), through the app's producer."""
-    outputs: dict[str, Any] = {}
+    """async (topic, key, value) -> delivery future: publish now, straight through the
+    app's producer (not as a faust attachment; none of faust's per-topic machinery)."""
 
     async def send(topic: str, key: bytes | None, value: bytes | None) -> Any:
-        if topic not in outputs:
-            outputs[topic] = app.topic(topic, key_serializer="raw", value_serializer="raw")
-        return await outputs[topic].send(key=key, value=value, force=True)
+        return await app.producer.send(topic, key, value, None, None, None)
 
     return send
 
@@ -170,6 +199,7 @@ def _rebalances(app: faust.App, d: Dispatcher, store: TableStore, traj_topic: st
     """Drop the state of revoked partitions; rebuild the deadline index after a move."""
 
     async def revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
+        await d.drain()  # the batch in flight stores its states first
         store.drop({tp.partition for tp in revoked if tp.topic == traj_topic})
         d.forget()
 
@@ -189,6 +219,7 @@ def _deadlines(app: faust.App, d: Dispatcher, wiring: Wiring, topic: str, every_
             await wiring.ticks.send(topic, due)
 
     async def close(sender: Any, **_: Any) -> None:
+        await d.drain()
         await wiring.ticks.close()
         await wiring.claim_check.aclose()
 

@@ -33,10 +33,9 @@ class DispatcherSettings(Section):
     """Most trajectory bytes a group's table value keeps inline: a member larger than this
     divided by group_size is kept as a claim-check reference instead (faust's producer
     refuses changelog records over about 1 MB)."""
-    batch_max: int = Field(default=500, ge=1, le=10000)
-    """Most events handled per batch (all their sends share one wait for Kafka's acks)."""
-    batch_within_s: float = Field(default=0.005, gt=0, le=1.0)
-    """How long the agent waits to fill a batch before handling what it has."""
+    batch_max: int = Field(default=1000, ge=1, le=10000)
+    """Most events handled per batch: the events already queued when the agent is free
+    (all their sends share one wait for Kafka's acks; none is waited for)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
     log_level: str = "warning"

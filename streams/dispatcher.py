@@ -85,12 +85,20 @@ class Dispatcher:
     """async (topic, key, value) -> awaitable delivery (the ack)."""
     score_result: groups.ScoreResult
     score_inline: groups.ScoreInline
+    flush: Any = None
+    """async () -> None: push every buffered record out now (the producer's linger only
+    gathers a batch's records into few requests; None: rely on the linger)."""
     tick_topic: str = ""
     """Name of the internal tick topic (its records carry a group_id key, no value)."""
     dispatcher_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     due: dict[bytes, float] = field(default_factory=dict)
     """Deadline index: group key -> when it next needs a tick (no decoding on the timer)."""
     rebuilt_at: float = 0.0
+    staged: dict[bytes, tuple[int, GroupState | None]] = field(default_factory=dict)
+    """States of batches sent but not settled yet: key -> (batch number, state)."""
+    batches: int = 0
+    inflight: Any = None
+    """The task settling the batch in flight (streams/app.py pipelines one batch)."""
 
     def __post_init__(self) -> None:
         self.policy = Policy.from_section(self.section)
@@ -103,18 +111,40 @@ class Dispatcher:
         return None if raw is None else _STATE.decode(raw)
 
     async def on_events(self, events: Sequence[Event]) -> None:
-        """One batch: all transitions in order, all sends, one wait for acks, then the
-        table (module docstring)."""
-        batch = Batch()
+        """One batch, start to end (module docstring): `settle(await stage(events))`."""
+        await self.settle(await self.stage(events))
+
+    async def stage(self, events: Sequence[Event]) -> Batch:
+        """Steps 1-2: every transition in order, then every record sent (not yet acked).
+        Later batches read the staged states before they are stored."""
+        self.batches += 1
+        batch = Batch(number=self.batches)
         for event in events:
             await self.guarded(event, batch)
         if batch.records:
-            await retrying(lambda: self._publish(batch.records), "publishing a batch")
+            await retrying(lambda: self._issue(batch), "publishing a batch")
+        for key, state in batch.states.items():
+            self.staged[key] = (batch.number, state)
+        return batch
+
+    async def settle(self, batch: Batch) -> None:
+        """Steps 3-4: one wait for all of the batch's acks, then its states stored."""
+        if batch.records:
+            await retrying(lambda: self._deliver(batch), "publishing a batch")
         self._commit(batch)
+        for key in batch.states:
+            if self.staged.get(key, (0, None))[0] == batch.number:
+                del self.staged[key]
         now = time.time()
         for created_at in batch.emitted:
             metrics.REWARDS_OUT.inc()
             metrics.LATENCY.observe(max(0.0, now - created_at))
+
+    async def drain(self) -> None:
+        """Wait until the batch in flight (if any) is settled and acked."""
+        inflight, self.inflight = self.inflight, None
+        if inflight is not None:
+            await inflight
 
     async def guarded(self, event: Event, batch: Batch) -> None:
         """Handle one event; a failure no handler foresaw goes to the DLQ with its reason
@@ -135,6 +165,8 @@ class Dispatcher:
     def state(self, key: bytes, batch: Batch) -> GroupState | None:
         if key in batch.states:
             return batch.states[key]
+        if key in self.staged:
+            return self.staged[key][1]
         return self.load(key)
 
     async def on_trajectory(
@@ -142,9 +174,9 @@ class Dispatcher:
     ) -> None:
         metrics.TRAJECTORIES_IN.inc()
         traj = await self._decode(value, Trajectory, key, meta, b)
-        if traj is None or key is None or value is None:
+        if traj is None or value is None:
             return
-        if key != traj.group_id.encode():
+        if key is None or key != traj.group_id.encode():
             await self.realizer.dead(b, meta, key, value, f"record key {key!r} is not the group_id")
             return
         inline = None if traj.verifier.needs_sandbox else await self.score_inline(traj)
@@ -159,9 +191,9 @@ class Dispatcher:
 
     async def on_result(self, key: bytes | None, value: bytes | None, meta: Any, b: Batch) -> None:
         result = await self._decode(value, SandboxResult, key, meta, b)
-        if result is None or key is None:
+        if result is None:
             return
-        if key != result.group_id.encode():
+        if key is None or key != result.group_id.encode():
             await self.realizer.dead(b, meta, key, value, f"record key {key!r} is not the group_id")
             return
         metrics.OUTCOMES.labels(result.outcome.value).inc()
@@ -182,10 +214,21 @@ class Dispatcher:
         await self.realizer.effects(b, fx)
         b.changed(key, partition, state, fx.delete)
 
-    async def _publish(self, records: list[tuple[str, bytes | None, bytes | None]]) -> None:
-        acks = [await self.send(topic, key, value) for topic, key, value in records]
-        for ack in acks:
-            await ack
+    async def _issue(self, batch: Batch) -> None:
+        if batch.acks is None:
+            batch.acks = [await self.send(topic, key, v) for topic, key, v in batch.records]
+
+    async def _deliver(self, batch: Batch) -> None:
+        """Wait for the acks (re-sending the whole batch, same ids, after a failure)."""
+        try:
+            await self._issue(batch)
+            if self.flush is not None:
+                await self.flush()
+            for ack in batch.acks or []:
+                await ack
+        except Exception:
+            batch.acks = None
+            raise
 
     def _commit(self, batch: Batch) -> None:
         for key, (partition, state, delete) in batch.dirty.items():

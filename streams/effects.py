@@ -39,6 +39,10 @@ class Batch:
     """key -> (partition, state, delete) to store once the records are acked."""
     emitted: list[float] = field(default_factory=list)
     """created_at of each emitted reward (latency metric)."""
+    number: int = 0
+    """Its place in the dispatcher's sequence of batches."""
+    acks: list[Any] | None = None
+    """Delivery futures of `records`, once sent."""
 
     def changed(self, key: bytes, partition: int, state: GroupState | None, delete: bool) -> None:
         self.states[key] = None if delete else state
@@ -52,6 +56,11 @@ class Realizer:
     claim_check: ClaimChecks
     policy: Policy
     prefix: str
+    decoded: dict[bytes, Trajectory] = field(default_factory=dict)
+    """Trajectories decoded on arrival, by their ref, until emitted (saves decoding them
+    again; a cache only: a ref not here is decoded or fetched)."""
+    decoded_bytes: int = 0
+    most_decoded_bytes: int = 64 << 20
 
     def topic(self, spec: topics.TopicSpec) -> str:
         return spec.full_name(self.prefix)
@@ -59,9 +68,14 @@ class Realizer:
     async def ref(self, traj: Trajectory, value: bytes, limit: int) -> bytes:
         """What the table keeps of a trajectory: its record value when small (a record
         that is a BlobRef already is small), else a claim-check reference to it."""
-        if len(value) <= limit:
-            return value
-        return await self.claim_check.pack(traj, inline_limit=0)
+        ref = value if len(value) <= limit else await self.claim_check.pack(traj, inline_limit=0)
+        if ref is value:  # inline: cache it (a BlobRef is resolved when needed)
+            if self.decoded_bytes > self.most_decoded_bytes:
+                self.decoded.clear()
+                self.decoded_bytes = 0
+            self.decoded[ref] = traj
+            self.decoded_bytes += len(ref)
+        return ref
 
     async def effects(self, batch: Batch, fx: Effects) -> None:
         """Append the records of `fx` (requests, retries, rewards, ledger) to the batch.
@@ -79,7 +93,7 @@ class Realizer:
             if traj is not None:
                 req = request_for(traj, retry.attempt, self.policy)
                 out.append((requests, req.request_id.encode(), codec.encode(req)))
-        trajs = await asyncio.gather(*(self._resolve(e.ref) for e in fx.emissions))
+        trajs = await self._resolve_all([e.ref for e in fx.emissions])
         ledger = list(fx.ledger)
         for emission, traj in zip(fx.emissions, trajs, strict=True):
             if traj is None:
@@ -93,6 +107,29 @@ class Realizer:
             out.append(
                 (self.topic(topics.LEDGER), entry.trajectory_id.encode(), codec.encode(entry))
             )
+        return out
+
+    async def _resolve_all(self, refs: list[bytes]) -> list[Trajectory | None]:
+        """The trajectories of `refs`: inline ones decoded here, BlobRefs fetched at once."""
+        out: list[Trajectory | None] = []
+        fetch: list[tuple[int, bytes]] = []
+        for i, ref in enumerate(refs):
+            cached = self.decoded.pop(ref, None)
+            if cached is not None:
+                out.append(cached)
+                continue
+            try:
+                msg = codec.decode(ref)
+            except SchemaError as exc:
+                log.error("a member's ref is undecodable: %s", exc)
+                msg = None
+            out.append(msg if isinstance(msg, Trajectory) else None)
+            if msg is not None and not isinstance(msg, Trajectory):
+                fetch.append((i, ref))
+        if fetch:
+            got = await asyncio.gather(*(self._resolve(ref) for _, ref in fetch))
+            for (i, _), traj in zip(fetch, got, strict=True):
+                out[i] = traj
         return out
 
     async def _resolve(self, ref: bytes) -> Trajectory | None:

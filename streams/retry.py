@@ -52,7 +52,13 @@ async def retrying(
 ) -> T:
     """`await fn()`, retrying transient failures with backoff (forever when `attempts` is
     None); other exceptions, and the last transient one, propagate."""
-    delay, n = base_s, 0
+    try:
+        return await fn()  # the common case: no retry bookkeeping
+    except Exception as exc:
+        if not is_transient(exc) or attempts == 1:
+            raise
+        log.warning("%s failed (%r); retrying", what, exc)
+    delay, n = base_s, 1
     while True:
         try:
             return await fn()
