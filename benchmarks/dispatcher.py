@@ -29,6 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
@@ -78,8 +80,24 @@ async def send_all(settings: Settings, trajs: list[Trajectory], rate: float = 0.
     return t0
 
 
+class _Created(msgspec.Struct):
+    created_at: float
+
+
+class _Reward(msgspec.Struct):
+    """The one field of a ScoredTrajectory the reader needs (the rest is skipped)."""
+
+    trajectory: _Created
+
+
+_REWARD = msgspec.msgpack.Decoder(_Reward)
+
+
 async def read_rewards(settings: Settings, n: int, timeout_s: float) -> tuple[list[float], float]:
-    """Latencies (s) of the first n rewards read (read_committed), and when the last came."""
+    """Latencies (s) of the first n rewards read (read_committed), and when the last was
+    published. Latency = the reward record's timestamp (when its producer sent it) minus
+    its trajectory's created_at, so a reader that falls behind on this shared machine does
+    not count against the system measured."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
@@ -95,12 +113,11 @@ async def read_rewards(settings: Settings, n: int, timeout_s: float) -> tuple[li
     try:
         while len(lat) < n and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
-            now = time.time()
             for records in batch.values():
                 for r in records:
-                    scored = codec.decode(r.value, ScoredTrajectory)
-                    lat.append(now - scored.trajectory.created_at)
-                    last = now
+                    sent = r.timestamp / 1000.0
+                    lat.append(sent - _REWARD.decode(r.value).trajectory.created_at)
+                    last = max(last, sent) if lat[:-1] else sent
     finally:
         await consumer.stop()
     return lat, last

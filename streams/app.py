@@ -66,20 +66,22 @@ def build_app(
         tick_topic=tick_name,
     )
 
-    app.agent(events, name="groups", concurrency=1)(_batches(d, section.batch_max))
+    app.agent(events, name="groups", concurrency=1)(
+        _batches(d, section.batch_max, section.batches_in_flight)
+    )
     _rebalances(app, d, store, names[0])
     _deadlines(app, d, wiring, tick_name, section.tick_interval_s)
     return app, d
 
 
-def _batches(d: Dispatcher, most: int) -> Any:
-    """The agent: adaptive batches with manual acks, one batch in flight. Events are
-    gathered while more are already queued (none is waited for: a lone event is a batch
-    of one, so batching adds no latency), up to `most`. A batch is staged (transitions
-    run, records sent), then the previous one is awaited, and this one settles in the
-    background (acks awaited, states stored, and only then its events acked) while the
-    agent gathers and stages the next: Kafka's round trip overlaps the next batch's work,
-    and offsets and the table still never move ahead of acked effects."""
+def _batches(d: Dispatcher, most: int, depth: int) -> Any:
+    """The agent: adaptive batches with manual acks, up to `depth` batches in flight.
+    Events are gathered while more are already queued (none is waited for: a lone event
+    is a batch of one, so batching adds no latency), up to `most`. A batch is staged
+    (transitions run, records sent) and then settles in the background, strictly after
+    the batch before it (acks awaited, states stored, and only then its events acked),
+    while the agent stages the next ones: Kafka's round trip is off the latency path, and
+    offsets and the table still never move ahead of acked effects."""
 
     async def groups(stream: Any) -> None:
         manual = stream.noack()
@@ -90,15 +92,21 @@ def _batches(d: Dispatcher, most: int) -> Any:
             if len(pending) < most and not queue.empty():
                 continue
             batch = await d.stage(pending)
-            await d.drain()
-            d.inflight = asyncio.ensure_future(_settle(d, manual, batch, pending))
+            before = d.inflight[-1] if d.inflight else None
+            d.inflight.append(asyncio.ensure_future(_settle(d, manual, batch, pending, before)))
             pending = []
+            while d.inflight and (len(d.inflight) > depth or d.inflight[0].done()):
+                await d.inflight.popleft()
         await d.drain()
 
     return groups
 
 
-async def _settle(d: Dispatcher, stream: Any, batch: Any, events: list[Any]) -> None:
+async def _settle(
+    d: Dispatcher, stream: Any, batch: Any, events: list[Any], before: Any | None
+) -> None:
+    if before is not None:
+        await before  # batches settle in order (a failed one fails those after it)
     await d.settle(batch)
     for event in events:
         await stream.ack(event)

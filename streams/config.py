@@ -36,6 +36,8 @@ class DispatcherSettings(Section):
     batch_max: int = Field(default=1000, ge=1, le=10000)
     """Most events handled per batch: the events already queued when the agent is free
     (all their sends share one wait for Kafka's acks; none is waited for)."""
+    batches_in_flight: int = Field(default=4, ge=1, le=64)
+    """Batches sent but not yet acked at once (they settle in order)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
     log_level: str = "warning"

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -97,8 +98,8 @@ class Dispatcher:
     staged: dict[bytes, tuple[int, GroupState | None]] = field(default_factory=dict)
     """States of batches sent but not settled yet: key -> (batch number, state)."""
     batches: int = 0
-    inflight: Any = None
-    """The task settling the batch in flight (streams/app.py pipelines one batch)."""
+    inflight: deque[Any] = field(default_factory=deque)
+    """Tasks settling the batches in flight, oldest first (streams/app.py)."""
 
     def __post_init__(self) -> None:
         self.policy = Policy.from_section(self.section)
@@ -141,10 +142,9 @@ class Dispatcher:
             metrics.LATENCY.observe(max(0.0, now - created_at))
 
     async def drain(self) -> None:
-        """Wait until the batch in flight (if any) is settled and acked."""
-        inflight, self.inflight = self.inflight, None
-        if inflight is not None:
-            await inflight
+        """Wait until every batch in flight is settled and acked."""
+        while self.inflight:
+            await self.inflight.popleft()
 
     async def guarded(self, event: Event, batch: Batch) -> None:
         """Handle one event; a failure no handler foresaw goes to the DLQ with its reason
