@@ -216,32 +216,41 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000, help="trajectories (in-process runs)")
     parser.add_argument("--n-sandbox", type=int, default=200, help="trajectories (sandbox run)")
     parser.add_argument("--sustain-s", type=float, default=20.0, help="half-capacity run (0: skip)")
+    parser.add_argument("--repeat", type=int, default=1, help="floor/dispatcher pairs (median)")
     args = parser.parse_args()
 
     async def go() -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
         with tempfile.TemporaryDirectory() as tmp:
-            rows = [
-                await bench_floor(args.n),
-                await bench_dispatcher(args.n, False, Path(tmp)),
-            ]
-            capacity = float(rows[1]["rate"])  # type: ignore[arg-type]
+            for _ in range(args.repeat):  # floor and dispatcher alternate: same conditions
+                rows.append(await bench_floor(args.n))
+                rows.append(await bench_dispatcher(args.n, False, Path(tmp)))
+            capacity = statistics.median(float(r["rate"]) for r in rows[1::2])  # type: ignore[arg-type]
             if args.sustain_s > 0 and capacity > 0:
                 half = capacity / 2
                 n = max(8, int(half * args.sustain_s) // 8 * 8)
                 rows.append(await bench_dispatcher(n, False, Path(tmp), rate=half))
             if args.n_sandbox > 0:
                 rows.append(await bench_dispatcher(args.n_sandbox, True, Path(tmp)))
-            return rows
+        return rows
 
     rows = asyncio.run(go())
-    floor = rows[0]["rate"]
     print(f"{'run':<40} {'n':>6} {'traj/s':>9} {'x floor':>8} {'p50 ms':>9} {'p95 ms':>9}")
+    floor = 0.0
     for r in rows:
-        ratio = float(r["rate"]) / float(floor) if floor else float("nan")  # type: ignore[arg-type]
+        if str(r["run"]).startswith("plain"):
+            floor = float(r["rate"])  # type: ignore[arg-type]
+        ratio = float(r["rate"]) / floor if floor else float("nan")  # type: ignore[arg-type]
         print(
             f"{r['run']:<40} {r['n']:>6} {float(r['rate']):>9.1f} {ratio:>8.3f} "  # type: ignore[arg-type]
             f"{1000 * float(r['p50']):>9.0f} {1000 * float(r['p95']):>9.0f}"  # type: ignore[arg-type]
         )
+    rates = [float(r["rate"]) for r in rows]  # type: ignore[arg-type]
+    pairs = [rates[2 * i + 1] / rates[2 * i] for i in range(args.repeat) if rates[2 * i]]
+    print(
+        f"dispatcher / floor, per pair: {' '.join(f'{x:.3f}' for x in pairs)}; "
+        f"median {statistics.median(pairs):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ the three topics are subscribed together, and faust's assignor gives partition p
 three, and of the group table's changelog, to the same worker.
 
 Delivery (DESIGN.md section 3): at-least-once, effectively once by id. The agent takes
-events in batches (`batch_max`, `batch_within_s`); streams/dispatcher.py runs each batch's
+events in adaptive batches (`batch_max`); streams/dispatcher.py runs each batch's
 transitions in order, sends all their records, waits once for Kafka's acks, and only then
 updates the group table (its changelog is written after); offsets are acked after the
 batch. A dispatcher killed at any moment re-runs at most the batches after its last

@@ -63,8 +63,9 @@ __all__ = [
 class Member(msgspec.Struct, kw_only=True):
     """One trajectory of the group and where its scoring stands."""
 
-    ref: bytes
-    """The trajectory's wire bytes, or an encoded BlobRef to them (large trajectories)."""
+    ref: bytes = msgspec.field(name="trajectory")
+    """The trajectory's wire bytes, or an encoded BlobRef to them (large trajectories).
+    Stored under the old name, so table values written before still decode."""
     request_id: str = ""
     attempt: int = 0
     sent_at: float = 0.0

@@ -176,8 +176,10 @@ async def test_bad_records_are_dead_lettered_with_the_batch() -> None:
     await d.on_events(
         [Ev(b"k", b"\x00garbage", Meta(TRAJ, 0, 7)), t_ev(good), Ev(b"g", b"", Meta(RES))]
     )
+    keyless = traj(group="k2", index=0, size=1)
+    await d.on_events([Ev(None, codec.encode(keyless), Meta(TRAJ, 1, 9))])
     letters = [codec.decode(v, DeadLetter) for v in sends.on("dlq")]
-    assert [(x.source_topic, x.source_offset) for x in letters] == [(TRAJ, 7), (RES, 0)]
+    assert [(x.source_topic, x.source_offset) for x in letters] == [(TRAJ, 7), (RES, 0), (TRAJ, 9)]
     assert sends.acked == len(sends.log), "on_events returned before the dead letters were acked"
 
 
