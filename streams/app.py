@@ -130,6 +130,9 @@ def make_app(wiring: Wiring) -> faust.App:
         # each batch at once, so the linger adds no latency to it.
         producer_linger_ms=20,
         consumer_auto_offset_reset="earliest",
+        # No standby copies of other workers' partitions in this one's table: it holds
+        # (and ticks) only the groups it owns; a moved partition recovers from the changelog.
+        table_standby_replicas=0,
         # A dispatcher that died is noticed within seconds, so its partitions move quickly.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
