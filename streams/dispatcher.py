@@ -20,6 +20,7 @@ can never be processed goes to the DLQ.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -88,7 +89,9 @@ class Dispatcher:
     score_inline: groups.ScoreInline
     flush: Any = None
     """async () -> None: push every buffered record out now (the producer's linger only
-    gathers a batch's records into few requests; None: rely on the linger)."""
+    gathers a batch's records into few requests; None: rely on the linger). Started when
+    a batch is sent, never awaited by it (the batch awaits its own acks)."""
+    flushing: Any = None
     tick_topic: str = ""
     """Name of the internal tick topic (its records carry a group_id key, no value)."""
     dispatcher_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -217,13 +220,13 @@ class Dispatcher:
     async def _issue(self, batch: Batch) -> None:
         if batch.acks is None:
             batch.acks = [await self.send(topic, key, v) for topic, key, v in batch.records]
+            if self.flush is not None:  # out now, not after the linger; not awaited here
+                self.flushing = asyncio.ensure_future(self.flush())
 
     async def _deliver(self, batch: Batch) -> None:
         """Wait for the acks (re-sending the whole batch, same ids, after a failure)."""
         try:
             await self._issue(batch)
-            if self.flush is not None:
-                await self.flush()
             for ack in batch.acks or []:
                 await ack
         except Exception:
