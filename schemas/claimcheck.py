@@ -177,10 +177,11 @@ class ClaimCheck:
         self.inline_limit = inline_limit
         self.ttl_s = ttl_s
 
-    async def pack(self, msg: Message) -> bytes:
-        """Bytes for a Kafka record value: the message itself, or a BlobRef to it."""
+    async def pack(self, msg: Message, inline_limit: int | None = None) -> bytes:
+        """Bytes for a Kafka record value: the message itself, or a BlobRef to it (when
+        over `inline_limit`, by default the claim check's; 0: always a BlobRef)."""
         data = encode(msg)
-        if len(data) <= self.inline_limit:
+        if len(data) <= (self.inline_limit if inline_limit is None else inline_limit):
             return data
         digest = hashlib.sha256(data).hexdigest()
         await self.store.put(digest, data, self.ttl_s)

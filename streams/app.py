@@ -1,33 +1,33 @@
-"""The reward dispatcher: one faust app whose agents are thin loops over streams/groups.py.
+"""The reward dispatcher: one faust app with ONE agent over the three co-partitioned,
+group-keyed topics (trajectories, sandbox.results and the internal ticks topic), so every
+event of a group passes one agent in partition order: a group's state has one owner at a
+time (faust's agent concurrency stays 1: faust-streaming issue #606). No forwarding hop:
+the three topics are subscribed together, and faust's assignor gives partition p of all
+three, and of the group table's changelog, to the same worker.
 
-Agents (all `concurrency=1`; parallelism comes from partitions and processes):
-
-- trajectories -> group table -> sandbox requests (or an in-process score)
-- sandbox.results -> group table -> rewards once the group is complete
-- ticks -> group table -> retries, masks and late emissions when deadlines pass
-
-The group table is keyed by group_id and co-partitioned with trajectories and results.
-
-Delivery (DESIGN.md section 3): at-least-once, effectively once by id. Each step publishes
-its effects and waits for Kafka's acks before it updates the group table (whose changelog
-faust writes after); offsets are committed after processing. A dispatcher killed at any
-moment re-runs at most the steps after its last commit on restart: they find their group
-state already advanced (no effect) or re-send the very same messages, with the same ids
-(requests keyed by request_id + attempt, rewards with id `{trajectory_id}:scored`), which
-the sandbox workers and the learner deduplicate. Nothing is lost. (faust's exactly_once
-mode was tried: it still let duplicates through under SIGKILL, so it is not used.)
+Delivery (DESIGN.md section 3): at-least-once, effectively once by id. The agent takes
+events in adaptive batches (`batch_max`); streams/dispatcher.py runs each batch's
+transitions in order, sends all their records, waits once for Kafka's acks, and only then
+updates the group table (its changelog is written after); offsets are acked after the
+batch. A dispatcher killed at any moment re-runs at most the batches after its last
+commit on restart: they find their group state already advanced (no effect) or re-send
+the very same records, with the same ids (requests keyed by request_id + attempt, rewards
+`{trajectory_id}:scored`, dispatcher fates `{trajectory_id}:dispatcher-fate`), which the
+sandbox workers, the learner and the audit deduplicate. (faust's exactly_once mode let
+duplicates through under SIGKILL, so it is not used.)
 
 The deadline timer runs outside any event, so it only *sends* a tick (with the plain
-producer of `Wiring.ticks`) for each due group; the tick agent does the work like any other
-event.
-
-The handlers live in streams/dispatcher.py; the broker, prefix, state directory, claim
-check and tick producer come in as a `ports.Wiring` (services/dispatcher_wiring.py).
+producer of `Wiring.ticks`) for each due owned group; the agent handles it like any other
+event. On a rebalance the state of revoked partitions is dropped from memory (faust's
+memory store keeps locally written keys otherwise), so no stale group is ticked or comes
+back; partitions assigned again are recovered from the changelog.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from schemas import topics
@@ -45,25 +45,71 @@ if TYPE_CHECKING:
 def build_app(
     wiring: Wiring, section: DispatcherSettings, rewards: RewardsSettings
 ) -> tuple[faust.App, Dispatcher]:
-    """The faust app of one run (topic prefix) with its agents, table and timer."""
+    """The faust app of one run (topic prefix) with its agent, table and timer."""
     app = make_app(wiring)
     parts, prefix = wiring.partitions, wiring.prefix
-    traj_topic = _raw_topic(app, topics.TRAJECTORIES.full_name(prefix), parts)
-    result_topic = _raw_topic(app, topics.SANDBOX_RESULTS.full_name(prefix), parts)
-    tick_topic = _raw_topic(app, f"{app.conf.id}-ticks", parts, internal=True)
+    tick_name = f"{app.conf.id}-ticks"
+    names = (topics.TRAJECTORIES.full_name(prefix), topics.SANDBOX_RESULTS.full_name(prefix))
+    # internal: faust creates the ticks topic (existing topics are left as they are).
+    events = _raw_topic(app, (*names, tick_name), parts, internal=True)
     table = app.Table("groups", default=None, key_type=bytes, value_type=bytes, partitions=parts)
+    store = TableStore(table)
     d = Dispatcher(
         section=section,
         prefix=prefix,
         claim_check=wiring.claim_check,
-        table=table,
+        table=store,
         send=_sender(app),
+        flush=lambda: app.producer.flush(),
         score_result=scoring.score_result(rewards),
         score_inline=scoring.score_inline(rewards),
+        tick_topic=tick_name,
     )
-    _agents(app, d, traj_topic, result_topic, tick_topic)
-    _deadlines(app, d, wiring, tick_topic.get_topic_name(), section.tick_interval_s)
+
+    app.agent(events, name="groups", concurrency=1)(
+        _batches(d, section.batch_max, section.batches_in_flight)
+    )
+    _rebalances(app, d, store, names[0])
+    _deadlines(app, d, wiring, tick_name, section.tick_interval_s)
     return app, d
+
+
+def _batches(d: Dispatcher, most: int, depth: int) -> Any:
+    """The agent: adaptive batches with manual acks, up to `depth` batches in flight.
+    Events are gathered while more are already queued (none is waited for: a lone event
+    is a batch of one, so batching adds no latency), up to `most`. A batch is staged
+    (transitions run, records sent) and then settles in the background, strictly after
+    the batch before it (acks awaited, states stored, and only then its events acked),
+    while the agent stages the next ones: Kafka's round trip is off the latency path, and
+    offsets and the table still never move ahead of acked effects."""
+
+    async def groups(stream: Any) -> None:
+        manual = stream.noack()
+        queue = manual.channel.queue
+        pending: list[Any] = []
+        async for event in manual.events():
+            pending.append(event)
+            if len(pending) < most and not queue.empty():
+                continue
+            batch = await d.stage(pending)
+            before = d.inflight[-1] if d.inflight else None
+            d.inflight.append(asyncio.ensure_future(_settle(d, manual, batch, pending, before)))
+            pending = []
+            while d.inflight and (len(d.inflight) > depth or d.inflight[0].done()):
+                await d.inflight.popleft()
+        await d.drain()
+
+    return groups
+
+
+async def _settle(
+    d: Dispatcher, stream: Any, batch: Any, events: list[Any], before: Any | None
+) -> None:
+    if before is not None:
+        await before  # batches settle in order (a failed one fails those after it)
+    await d.settle(batch)
+    for event in events:
+        await stream.ack(event)
 
 
 def make_app(wiring: Wiring) -> faust.App:
@@ -80,7 +126,13 @@ def make_app(wiring: Wiring) -> faust.App:
         topic_partitions=wiring.partitions,
         topic_replication_factor=wiring.replication,
         producer_acks=-1,
+        # A batch's records gather into few produce requests; the dispatcher flushes
+        # each batch at once, so the linger adds no latency to it.
+        producer_linger_ms=20,
         consumer_auto_offset_reset="earliest",
+        # No standby copies of other workers' partitions in this one's table: it holds
+        # (and ticks) only the groups it owns; a moved partition recovers from the changelog.
+        table_standby_replicas=0,
         # A dispatcher that died is noticed within seconds, so its partitions move quickly.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
@@ -92,9 +144,49 @@ def make_app(wiring: Wiring) -> faust.App:
     )
 
 
-def _raw_topic(app: faust.App, name: str, parts: int, internal: bool = False) -> faust.TopicT:
+class TableStore:
+    """streams.dispatcher.GroupStore on a faust Table: writes name their changelog
+    partition (the event's, since a batch holds events of several partitions) and are
+    remembered by partition, so a revoked partition's keys can be dropped."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.partition_of: dict[bytes, int] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self.table.data.get(key)
+        return value if isinstance(value, bytes) else None
+
+    def put(self, key: bytes, partition: int, value: bytes | None) -> None:
+        if value is None:
+            if self.table.data.pop(key, None) is None:
+                return
+            self.partition_of.pop(key, None)
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            return
+        self.table.data[key] = value
+        self.partition_of[key] = partition
+        self.table.send_changelog(
+            partition, key, value, key_serializer="raw", value_serializer="raw"
+        )
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        return list(self.table.data.items())
+
+    def drop(self, partitions: set[int]) -> int:
+        """Forget (in memory only) the keys this process wrote in `partitions`."""
+        gone = [k for k, p in self.partition_of.items() if p in partitions]
+        for key in gone:
+            self.table.data.pop(key, None)
+            del self.partition_of[key]
+        return len(gone)
+
+
+def _raw_topic(
+    app: faust.App, names: tuple[str, ...], parts: int, internal: bool = False
+) -> faust.TopicT:
     return app.topic(
-        name,
+        *names,
         key_type=bytes,
         value_type=bytes,
         key_serializer="raw",
@@ -105,40 +197,32 @@ def _raw_topic(app: faust.App, name: str, parts: int, internal: bool = False) ->
 
 
 def _sender(app: faust.App) -> Any:
-    """async (topic, key, value) -> delivery future: publish now (not as a faust
-    attachment), through the app's producer."""
-    outputs: dict[str, Any] = {}
+    """async (topic, key, value) -> delivery future: publish now, straight through the
+    app's producer (not as a faust attachment; none of faust's per-topic machinery)."""
 
     async def send(topic: str, key: bytes | None, value: bytes | None) -> Any:
-        if topic not in outputs:
-            outputs[topic] = app.topic(topic, key_serializer="raw", value_serializer="raw")
-        return await outputs[topic].send(key=key, value=value, force=True)
+        return await app.producer.send(topic, key, value, None, None, None)
 
     return send
 
 
-def _agents(app: faust.App, d: Dispatcher, traj_t: Any, result_t: Any, tick_t: Any) -> None:
-    """The three agents: thin loops handing each event to the dispatcher."""
+def _rebalances(app: faust.App, d: Dispatcher, store: TableStore, traj_topic: str) -> None:
+    """Drop the state of revoked partitions; rebuild the deadline index after a move."""
 
-    async def trajectories(stream: Any) -> None:
-        async for event in stream.events():
-            await d.guarded(d.on_trajectory, event)
+    async def revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
+        await d.drain()  # the batch in flight stores its states first
+        store.drop({tp.partition for tp in revoked if tp.topic == traj_topic})
+        d.forget()
 
-    async def results(stream: Any) -> None:
-        async for event in stream.events():
-            await d.guarded(d.on_result, event)
+    async def assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
+        d.forget()
 
-    async def ticks(stream: Any) -> None:
-        async for event in stream.events():
-            await d.on_tick(event.key)
-
-    app.agent(traj_t, concurrency=1)(trajectories)
-    app.agent(result_t, concurrency=1)(results)
-    app.agent(tick_t, concurrency=1)(ticks)
+    app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(assigned)  # type: ignore[arg-type]
 
 
 def _deadlines(app: faust.App, d: Dispatcher, wiring: Wiring, topic: str, every_s: float) -> None:
-    """The timer that sends a tick per due group, and the shutdown hook."""
+    """The timer that sends a tick per due owned group, and the shutdown hook."""
 
     async def deadlines() -> None:
         due = d.due_keys(time.time())
@@ -146,6 +230,7 @@ def _deadlines(app: faust.App, d: Dispatcher, wiring: Wiring, topic: str, every_
             await wiring.ticks.send(topic, due)
 
     async def close(sender: Any, **_: Any) -> None:
+        await d.drain()
         await wiring.ticks.close()
         await wiring.claim_check.aclose()
 

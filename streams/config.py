@@ -29,6 +29,15 @@ class DispatcherSettings(Section):
     """Wall-clock limit of each sandbox job the dispatcher requests."""
     sandbox_memory_mb: int = Field(default=256, ge=16)
     """Memory limit of each sandbox job the dispatcher requests."""
+    group_state_bytes: int = Field(default=512 * 1024, ge=16 * 1024, le=900 * 1024)
+    """Most trajectory bytes a group's table value keeps inline: a member larger than this
+    divided by group_size is kept as a claim-check reference instead (faust's producer
+    refuses changelog records over about 1 MB)."""
+    batch_max: int = Field(default=1000, ge=1, le=10000)
+    """Most events handled per batch: the events already queued when the agent is free
+    (all their sends share one wait for Kafka's acks; none is waited for)."""
+    batches_in_flight: int = Field(default=4, ge=1, le=64)
+    """Batches sent but not yet acked at once (they settle in order)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Prometheus metrics on 127.0.0.1:PORT (0: off)."""
     log_level: str = "warning"

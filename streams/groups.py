@@ -3,19 +3,27 @@
 A group is the `group_size` trajectories sampled together for one task. Each member is
 scored (in the sandbox tier, or in-process for verifiers that need none); when every
 member is scored, or the group's deadline passes, the group is emitted: one
-ScoredTrajectory per scored member, with a group-relative advantage. The faust agents in
-streams/app.py only load a GroupState from the table, call one function here and carry
-out the Effects it returns.
+ScoredTrajectory per scored member, with a group-relative advantage. streams/dispatcher.py
+feeds every event of a group (trajectories, sandbox results, ticks) through one of these
+functions, one event at a time, and carries out the Effects.
 
-Idempotency: a redelivered trajectory (same id), a duplicate or stale result (same
-request and attempt, or an older attempt) and anything arriving for an emitted group
-change nothing and emit nothing twice. Emitted groups keep a small tombstone (member
-ids only) until `tombstone_ttl_s` has passed.
+- Join: a result counts only for the member's outstanding request, matched on
+  (request_id, attempt). Other requests of the same trajectory (multi-turn feedback runs,
+  `{tid}:turn{n}`) are ignored. A verdict of the scoring request that arrives before its
+  trajectory is kept and reused (no second run).
+- The table value is small: per member its wire bytes when small, else a claim-check
+  reference (`Member.ref`), and the join fields. Retries and rewards that need the whole
+  trajectory are returned as Retry and Emission; the caller resolves the reference.
+- Fates: at most `group_size` members; any other trajectory of the group (over size, late,
+  or too old to have a group) gets a DROPPED ledger entry with a deterministic id.
+- Idempotency: a redelivered trajectory, a duplicate or stale result and anything for an
+  emitted group change nothing and emit nothing twice. Emitted groups keep a tombstone
+  (member ids) until `tombstone_ttl_s` has passed; a trajectory older than that whose
+  group is unknown is dropped (its group may have been emitted and forgotten).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,34 +31,41 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from schemas import codec
-from schemas.learning import LedgerEntry, LedgerStatus
+from schemas.learning import LedgerEntry
 from schemas.rollout import ScoredTrajectory, Trajectory
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
+from streams.members import (
+    Policy,
+    Score,
+    dropped,
+    extract_code,
+    group_advantages,
+    request_for,
+    scored,
+    scored_id,
+    scoring_request_id,
+)
 
 if TYPE_CHECKING:
-    from streams.config import DispatcherSettings
+    pass
 
-
-class Score(msgspec.Struct, kw_only=True):
-    """What one member earned: from a sandbox result or an in-process verifier."""
-
-    outcome: Outcome
-    reward: float = 0.0
-    passed: int = 0
-    total: int = 0
-    masked: bool = False
-    mask_reason: str = ""
-    components: dict[str, float] = msgspec.field(default_factory=dict)
-    verifier_name: str = ""
-    verifier_version: str = ""
-    image_digest: str = ""
+__all__ = [
+    "Policy",
+    "Score",
+    "extract_code",
+    "group_advantages",
+    "request_for",
+    "scored_id",
+    "scoring_request_id",
+]
 
 
 class Member(msgspec.Struct, kw_only=True):
     """One trajectory of the group and where its scoring stands."""
 
-    trajectory: bytes
-    """The trajectory's wire bytes, re-embedded into its ScoredTrajectory."""
+    ref: bytes = msgspec.field(name="trajectory")
+    """The trajectory's wire bytes, or an encoded BlobRef to them (large trajectories).
+    Stored under the old name, so table values written before still decode."""
     request_id: str = ""
     attempt: int = 0
     sent_at: float = 0.0
@@ -64,50 +79,68 @@ class GroupState(msgspec.Struct, kw_only=True):
     group_size: int
     first_seen: float
     members: dict[str, Member] = msgspec.field(default_factory=dict)
+    early: dict[str, Score] = msgspec.field(default_factory=dict)
+    """Scores of scoring requests whose trajectory has not arrived yet."""
     emitted_at: float | None = None
     emitted_ids: list[str] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
-    """Dispatcher timing and retry rules: `from_section(settings.dispatcher)` (the section
-    holds the defaults and the docs of each field)."""
+class Retry:
+    """A request to send again: the member's trajectory (`ref`) at `attempt`."""
 
-    request_deadline_s: float
-    """A sandbox result missing this long after its request is retried."""
-    max_attempts: int
-    """Attempts per request (sandbox_error or a missing result) before masking."""
-    group_deadline_s: float
-    """A group still incomplete this long after its first member is emitted partially."""
-    tombstone_ttl_s: float
-    """How long an emitted group's member ids are kept to reject redeliveries."""
-    timeout_s: float
-    """Sandbox wall-clock limit per job."""
-    memory_mb: int
-    """Sandbox memory limit per job."""
+    ref: bytes
+    attempt: int
 
-    @classmethod
-    def from_section(cls, d: DispatcherSettings) -> Policy:
-        return cls(
-            request_deadline_s=d.request_deadline_s,
-            max_attempts=d.max_attempts,
-            group_deadline_s=d.group_deadline_s,
-            tombstone_ttl_s=d.tombstone_ttl_s,
-            timeout_s=d.sandbox_timeout_s,
-            memory_mb=d.sandbox_memory_mb,
-        )
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """One reward to publish once the member's trajectory (`ref`) is resolved."""
+
+    ref: bytes
+    score: Score
+    advantage: float
+    n_live: int
+    dispatcher_id: str
+    now: float
+
+    def reward(self, traj: Trajectory) -> ScoredTrajectory:
+        return scored(traj, self.score, self.advantage, self.n_live, self.dispatcher_id, self.now)
 
 
 @dataclass
 class Effects:
-    """What the agent must do after a transition, in order."""
+    """What the caller must do after a transition, in order: requests (new ones, then
+    retries), rewards, ledger entries."""
 
-    requests: list[SandboxRequest] = field(default_factory=list)
-    rewards: list[ScoredTrajectory] = field(default_factory=list)
+    new_requests: list[SandboxRequest] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
+    emissions: list[Emission] = field(default_factory=list)
     ledger: list[LedgerEntry] = field(default_factory=list)
     """Only for trajectories that never reach `rewards` (the learner records the rest)."""
     delete: bool = False
     """Remove the group from the table (its tombstone expired)."""
+    policy: Policy | None = None
+
+    @property
+    def requests(self) -> list[SandboxRequest]:
+        """All requests, retries built from inline refs (a BlobRef ref needs `realize`)."""
+        policy = self.policy
+        if policy is None:
+            return list(self.new_requests)
+        return self.new_requests + [
+            request_for(inline(r.ref), r.attempt, policy) for r in self.retries
+        ]
+
+    @property
+    def rewards(self) -> list[ScoredTrajectory]:
+        """The rewards, built from inline refs (a BlobRef ref needs the caller's resolve)."""
+        return [e.reward(inline(e.ref)) for e in self.emissions]
+
+
+def inline(ref: bytes) -> Trajectory:
+    """The trajectory of an inline ref (raises SchemaError for a BlobRef)."""
+    return codec.decode(ref, Trajectory)
 
 
 ScoreResult = Callable[[SandboxResult], Score]
@@ -115,54 +148,6 @@ ScoreResult = Callable[[SandboxResult], Score]
 ScoreInline = Callable[[Trajectory], Awaitable[Score]]
 """Scores a trajectory whose verifier needs no sandbox (the agent awaits it and passes the
 Score to on_trajectory)."""
-
-
-def extract_code(completion: str) -> str:
-    """The candidate's code: the last fenced block (```python or ```), else the whole text."""
-    marker = "```"
-    end = completion.rfind(marker)
-    if end <= 0:
-        return completion.strip()
-    start = completion.rfind(marker, 0, end)
-    if start < 0:
-        return completion.strip()
-    body = completion[start + len(marker) : end]
-    first_newline = body.find("\n")
-    if first_newline >= 0 and body[:first_newline].strip().isidentifier():
-        body = body[first_newline + 1 :]  # drop the language tag
-    return body.strip("\n")
-
-
-def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """Group-relative advantages: (r - mean) / std (population std).
-
-    All-equal rewards (every sample passed, or every one failed) give 0 for all: such a
-    group carries no signal about which sample was better. A group of one gives 0.
-    """
-    n = len(rewards)
-    if n < 2:
-        return [0.0] * n
-    mean = sum(rewards) / n
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
-    if std < eps:
-        return [0.0] * n
-    return [(r - mean) / std for r in rewards]
-
-
-def request_for(traj: Trajectory, attempt: int, policy: Policy) -> SandboxRequest:
-    return SandboxRequest(
-        request_id=f"{traj.id}:req",
-        attempt=attempt,
-        trajectory_id=traj.id,
-        group_id=traj.group_id,
-        task_id=traj.task_id,
-        code=extract_code(traj.completion),
-        verifier=traj.verifier,
-        timeout_s=policy.timeout_s,
-        memory_mb=policy.memory_mb,
-        origin=traj.origin,
-        parent_id=traj.id,
-    )
 
 
 def on_trajectory(
@@ -173,28 +158,42 @@ def on_trajectory(
     policy: Policy,
     inline: Score | None = None,
     dispatcher_id: str = "",
-) -> tuple[GroupState, Effects]:
-    """A trajectory arrived: ask the sandbox for its score, or take `inline` (its score from
-    an in-process verifier, required when the verifier needs no sandbox); maybe emit."""
-    effects = Effects()
+) -> tuple[GroupState | None, Effects]:
+    """A trajectory arrived (`raw`: its ref to keep): ask the sandbox for its score (or
+    take `inline`, its in-process score, required when the verifier needs no sandbox, or
+    an early verdict of its scoring request); maybe emit."""
+    effects = Effects(policy=policy)
+    if state is None and now - traj.created_at > policy.tombstone_ttl_s:
+        why = "stale: older than the tombstone TTL, its group may be emitted and forgotten"
+        effects.ledger.append(dropped(traj.id, traj.group_id, why))
+        return None, effects
+    if not traj.verifier.needs_sandbox and inline is None:
+        raise ValueError(f"{traj.verifier.name} needs no sandbox: pass its inline score")
     if state is None:
         state = GroupState(group_id=traj.group_id, group_size=traj.group_size, first_seen=now)
+    if not state.members and state.emitted_at is None:
+        state.first_seen, state.group_size = now, traj.group_size  # its first member
     if state.emitted_at is not None:
         if traj.id not in state.emitted_ids:
-            effects.ledger.append(_dropped(traj.id, traj.group_id, "late: its group was emitted"))
+            effects.ledger.append(dropped(traj.id, traj.group_id, "late: its group was emitted"))
         return state, effects
     if traj.id in state.members:
         return state, effects  # redelivery
-    member = Member(trajectory=raw, sent_at=now)
+    if len(state.members) >= state.group_size:
+        why = f"over size: its group already has {state.group_size} members"
+        effects.ledger.append(dropped(traj.id, traj.group_id, why))
+        return state, effects
+    member = Member(ref=raw, sent_at=now)
     state.members[traj.id] = member
-    if traj.verifier.needs_sandbox:
+    early = state.early.pop(traj.id, None)
+    if inline is not None and not traj.verifier.needs_sandbox:
+        member.score = inline
+    elif early is not None:
+        member.request_id, member.score = scoring_request_id(traj.id), early
+    else:
         request = request_for(traj, 0, policy)
         member.request_id = request.request_id
-        effects.requests.append(request)
-    else:
-        if inline is None:
-            raise ValueError(f"{traj.verifier.name} needs no sandbox: pass its inline score")
-        member.score = inline
+        effects.new_requests.append(request)
     _maybe_emit(state, now, policy, effects, dispatcher_id)
     return state, effects
 
@@ -207,34 +206,58 @@ def on_result(
     score_result: ScoreResult,
     dispatcher_id: str = "",
 ) -> tuple[GroupState | None, Effects]:
-    """A sandbox result arrived: record it (or retry a sandbox_error), maybe emit."""
-    effects = Effects()
-    if state is None or state.emitted_at is not None:
-        return state, effects  # unknown or finished group: a late duplicate
-    member = state.members.get(result.trajectory_id)
-    if member is None or member.score is not None or result.attempt != member.attempt:
-        return state, effects  # duplicate, stale attempt, or not ours
+    """A sandbox result arrived: record it if it answers the member's outstanding request
+    (request_id and attempt), or retry a sandbox_error; maybe emit."""
+    effects = Effects(policy=policy)
+    if state is not None and state.emitted_at is not None:
+        return state, effects  # a finished group: a late duplicate
+    tid = result.trajectory_id
+    member = state.members.get(tid) if state is not None else None
+    if member is None:
+        return _early(state, result, now, score_result), effects
+    assert state is not None
+    if member.score is not None or result.request_id != member.request_id:
+        return state, effects  # duplicate, or another request of this trajectory
+    if result.attempt != member.attempt:
+        return state, effects  # a stale attempt
     if result.outcome == Outcome.SANDBOX_ERROR and member.attempt + 1 < policy.max_attempts:
-        _retry(member, now, policy, effects)
+        _retry(member, now, effects)
     else:
         member.score = score_result(result)
     _maybe_emit(state, now, policy, effects, dispatcher_id)
     return state, effects
 
 
+def _early(
+    state: GroupState | None, result: SandboxResult, now: float, score_result: ScoreResult
+) -> GroupState | None:
+    """Keep a scoring verdict that came before its trajectory; ignore anything else."""
+    tid = result.trajectory_id
+    usable = result.outcome != Outcome.SANDBOX_ERROR and result.attempt == 0
+    if result.request_id != scoring_request_id(tid) or not usable:
+        return state
+    if state is None:
+        state = GroupState(group_id=result.group_id, group_size=0, first_seen=now)
+    state.early.setdefault(tid, score_result(result))
+    return state
+
+
 def on_tick(
     state: GroupState, now: float, policy: Policy, dispatcher_id: str = ""
 ) -> tuple[GroupState, Effects]:
     """Deadlines: retry or mask members whose result is overdue; emit a late group;
-    expire an old tombstone."""
-    effects = Effects()
+    expire an old tombstone (or early verdicts whose trajectory never came)."""
+    effects = Effects(policy=policy)
     if state.emitted_at is not None:
         effects.delete = now - state.emitted_at > policy.tombstone_ttl_s
+        return state, effects
+    if not state.members:
+        effects.delete = now - state.first_seen > policy.tombstone_ttl_s
         return state, effects
     for member in state.members.values():
         if member.score is None and now - member.sent_at > policy.request_deadline_s:
             if member.attempt + 1 < policy.max_attempts:
-                _retry(member, now, policy, effects)
+                _retry(member, now, effects)
             else:
                 member.score = Score(
                     outcome=Outcome.SANDBOX_ERROR,
@@ -245,32 +268,36 @@ def on_tick(
     return state, effects
 
 
+def next_due(state: GroupState, policy: Policy) -> float:
+    """When on_tick will next change something (the timer ticks a group only then)."""
+    if state.emitted_at is not None:
+        return state.emitted_at + policy.tombstone_ttl_s
+    if not state.members:
+        return state.first_seen + policy.tombstone_ttl_s
+    pending = [m.sent_at + policy.request_deadline_s for m in state.members.values() if not m.score]
+    if pending:
+        return min(pending)
+    return state.first_seen + policy.group_deadline_s
+
+
 def is_due(state: GroupState, now: float, policy: Policy) -> bool:
     """Whether on_tick would change anything (the timer sends ticks only for these)."""
-    if state.emitted_at is not None:
-        return now - state.emitted_at > policy.tombstone_ttl_s
-    if now - state.first_seen > policy.group_deadline_s:
-        return True
-    return any(
-        m.score is None and now - m.sent_at > policy.request_deadline_s
-        for m in state.members.values()
-    )
+    return now > next_due(state, policy)
 
 
-def _retry(member: Member, now: float, policy: Policy, effects: Effects) -> None:
-    traj = codec.decode(member.trajectory, Trajectory)
+def _retry(member: Member, now: float, effects: Effects) -> None:
     member.attempt += 1
     member.sent_at = now
-    effects.requests.append(request_for(traj, member.attempt, policy))
+    effects.retries.append(Retry(member.ref, member.attempt))
 
 
 def _maybe_emit(
     state: GroupState, now: float, policy: Policy, effects: Effects, dispatcher_id: str
 ) -> None:
-    scored = all(m.score is not None for m in state.members.values())
+    scored_all = all(m.score is not None for m in state.members.values())
     complete = len(state.members) >= state.group_size
     late = now - state.first_seen > policy.group_deadline_s
-    if not scored or not (complete or late):
+    if not scored_all or not (complete or late):
         return
     members = sorted(state.members.items())
     live = [m.score.reward for _, m in members if m.score and not m.score.masked]
@@ -279,50 +306,12 @@ def _maybe_emit(
         score = member.score
         assert score is not None
         advantage = 0.0 if score.masked else next(advantages)
-        traj = codec.decode(member.trajectory, Trajectory)
         # Masked samples travel to the learner too: it records them in the ledger, so every
         # trajectory that reaches `rewards` gets exactly one ledger entry, from the learner.
-        effects.rewards.append(_scored(traj, score, advantage, len(live), dispatcher_id, now))
+        effects.emissions.append(
+            Emission(member.ref, score, advantage, len(live), dispatcher_id, now)
+        )
     state.emitted_at = now
     state.emitted_ids = [tid for tid, _ in members]
     state.members = {}
-
-
-def _scored(
-    traj: Trajectory, score: Score, advantage: float, n_live: int, dispatcher_id: str, now: float
-) -> ScoredTrajectory:
-    return ScoredTrajectory(
-        id=scored_id(traj.id),
-        trajectory=traj,
-        reward=score.reward,
-        advantage=advantage,
-        outcome=score.outcome,
-        passed=score.passed,
-        total=score.total,
-        components=score.components,
-        group_size_scored=n_live,
-        masked=score.masked,
-        mask_reason=score.mask_reason,
-        dispatcher_id=dispatcher_id,
-        scored_at=now,
-        verifier_name=score.verifier_name,
-        verifier_version=score.verifier_version,
-        image_digest=score.image_digest,
-        origin=traj.origin,
-        parent_id=traj.id,
-    )
-
-
-def scored_id(trajectory_id: str) -> str:
-    """Deterministic id of a trajectory's reward, so a re-emission carries the same id."""
-    return f"{trajectory_id}:scored"
-
-
-def _dropped(trajectory_id: str, group_id: str, reason: str) -> LedgerEntry:
-    return LedgerEntry(
-        trajectory_id=trajectory_id,
-        group_id=group_id,
-        status=LedgerStatus.DROPPED,
-        reason=reason,
-        writer="dispatcher",
-    )
+    state.early = {}

@@ -20,7 +20,9 @@ T = TypeVar("T", bound=Message)
 class ClaimChecks(Protocol):
     """The run's claim check (schemas.claimcheck.ClaimCheck fits)."""
 
-    async def pack(self, msg: Message) -> bytes: ...
+    async def pack(self, msg: Message, inline_limit: int | None = None) -> bytes:
+        """The record value: `msg`, or a BlobRef when over the limit (0: always)."""
+        ...
 
     async def unpack(self, data: bytes, expected: type[T]) -> T: ...
 

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from sandbox_workers import rewards
 from sandbox_workers.verifiers import InProcessVerifier, default_registry
@@ -49,13 +49,17 @@ def score_result(cfg: RewardsSettings) -> ScoreResult:
 def score_inline(cfg: RewardsSettings) -> ScoreInline:
     """Trajectory -> Score by its in-process verifier, under the `[rewards]` map."""
     registry = default_registry()
+    in_process: dict[int, bool] = {}  # id(plugin) -> isinstance (a slow Protocol check)
 
     async def score(traj: Trajectory) -> Score:
         plugin, why = registry.lookup(traj.verifier)
-        if plugin is None or not isinstance(plugin, InProcessVerifier):
+        fits = plugin is not None and in_process.get(id(plugin))
+        if plugin is not None and fits is None:
+            fits = in_process[id(plugin)] = isinstance(plugin, InProcessVerifier)
+        if plugin is None or not fits:
             why = why or f"verifier {traj.verifier.name} needs a sandbox"
             return to_score(Outcome.SANDBOX_ERROR, 0, 0, cfg, why)
-        verdict = await plugin.judge(traj.completion, traj.verifier)
+        verdict = await cast(InProcessVerifier, plugin).judge(traj.completion, traj.verifier)
         s = to_score(verdict.outcome, verdict.passed, verdict.total, cfg, verdict.detail)
         s.verifier_name, s.verifier_version = plugin.name, plugin.version
         return s
