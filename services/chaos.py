@@ -6,13 +6,22 @@
 2. The services as processes (services/demo.py's environment): a sandbox worker, the
    reward dispatcher, two learners (one active, one standby on the lease), a generator
    and the feeder.
-3. For N minutes, rounds over the components in a random order (generator, dispatcher,
-   sandbox worker, learner, Redis, the Kafka broker): SIGKILL one, start it again a
-   second later, and wait until its output moves again (trajectories, rewards, sandbox
-   results, ledger; Redis and the broker: rewards and ledger); that wait is its
-   recovery time. Once a round the sandbox worker is SIGSTOPped past its session
-   timeout, then resumed (it is fenced and exits; it is started again). A service that
-   exits on its own is started again too.
+3. For N minutes, rounds over the components in a shuffled order (generator,
+   dispatcher, sandbox worker, learner, Redis, the Kafka broker), one strike every
+   STRIKE_EVERY_S: SIGKILL one, start it again a second later, and go on to the next
+   strike without waiting; a task per strike measures its recovery concurrently: the
+   seconds until the component's own output grows again (trajectories, rewards, sandbox
+   results, ledger; Redis and the broker: rewards and ledger). Each round ends with a
+   SIGSTOP of the sandbox worker past its session timeout, then SIGCONT (it is fenced
+   and exits; it is started again). A service that exits on its own is started again.
+   Choices that keep the numbers meaningful: a broker kill holds the schedule until the
+   broker's recovery is measured (with the broker down nothing else can show progress,
+   so a strike then would only measure the broker again); a component is struck again
+   only after its last recovery was measured; a round does not start with the component
+   the last one ended on. Overlapping recoveries of different components are allowed: a
+   dispatcher's recovery can include a sandbox worker's restart that came 9 s later.
+   At least MIN_ROUNDS rounds run (every component killed 3 times, broker included);
+   after that a round starts only if it is expected to end within N minutes.
 4. Drain: the feeder and the generator stop; the rest finish what was published; the
    learners stop (final checkpoint); `rollstream audit --finished` of the run.
 5. `lost N, trained twice N, conflicts N` and the recovery times per component.
@@ -50,11 +59,15 @@ PROGRESS = {
 RECOVERY_TIMEOUT_S = 150.0
 PAUSE_S = 16.0
 """SIGSTOP length: past the sandbox worker's 10 s session timeout."""
+STRIKE_EVERY_S = 9.0
+"""The schedule: one strike every 9 s, whether the last one has recovered or not."""
+MIN_ROUNDS = 3
 
 
 @dataclass
 class ChaosReport:
     minutes: float
+    strikes: list[str] = field(default_factory=list)
     recoveries: dict[str, list[float]] = field(default_factory=dict)
     not_recovered: dict[str, int] = field(default_factory=dict)
     restarts_on_own: dict[str, int] = field(default_factory=dict)
@@ -92,6 +105,7 @@ class ChaosReport:
             "lost": self.lost,
             "trained_twice": self.trained_twice,
             "conflicts": self.conflicts,
+            "strikes": self.strikes,
             "recoveries_s": self.recoveries,
             "not_recovered": self.not_recovered,
             "restarts_on_own": self.restarts_on_own,
@@ -119,22 +133,14 @@ async def _recover(
     return None
 
 
-async def _strike(stack: ChaosStack, report: ChaosReport, name: str, paused: bool) -> None:
-    label = f"{name} (paused)" if paused else name
-    specs = PROGRESS[label]
-    if paused:
-        stack.signal(name, signal.SIGSTOP)
-        since = time.monotonic()
-        await asyncio.sleep(PAUSE_S)
-        base = await stack.counts([topics.SANDBOX_RESULTS])
-        stack.signal(name, signal.SIGCONT)
-    else:
-        base = await stack.counts(list(specs))
-        since = time.monotonic()
-        await stack.kill(name)
-        await asyncio.sleep(1.0)
-        await stack.restart(name)
-    stack.say(f"{label}: {'paused' if paused else 'killed'}, waiting for it to recover")
+async def _measure(
+    stack: ChaosStack,
+    report: ChaosReport,
+    label: str,
+    since: float,
+    base: dict[topics.TopicSpec, int],
+) -> None:
+    """One strike's recovery, measured while the next strikes go on."""
     took = await _recover(stack, since, base)
     if took is None:
         report.not_recovered[label] = report.not_recovered.get(label, 0) + 1
@@ -145,19 +151,72 @@ async def _strike(stack: ChaosStack, report: ChaosReport, name: str, paused: boo
         stack.say(f"{label}: recovered in {took:.1f} s")
 
 
+async def _strike(
+    stack: ChaosStack, report: ChaosReport, name: str, paused: bool
+) -> asyncio.Task[None]:
+    """Kill (or pause) `name` and start it again; returns the task measuring its recovery."""
+    label = f"{name} (paused)" if paused else name
+    if paused:
+        stack.signal(name, signal.SIGSTOP)
+        since = time.monotonic()
+        await asyncio.sleep(PAUSE_S)
+        base = await stack.counts([topics.SANDBOX_RESULTS])
+        stack.signal(name, signal.SIGCONT)
+    else:
+        base = await stack.counts(list(PROGRESS[label]))
+        since = time.monotonic()
+        await stack.kill(name)
+        await asyncio.sleep(1.0)
+        await stack.restart(name)
+    report.strikes.append(label)
+    done = "paused and resumed" if paused else "killed and started again"
+    stack.say(f"{label}: {done} (strike {len(report.strikes)})")
+    return asyncio.create_task(_measure(stack, report, label, since, base))
+
+
+def _order(rng: random.Random, last: str | None) -> list[str]:
+    """A shuffled round that does not start with the component the last round ended on."""
+    order = list(COMPONENTS)
+    rng.shuffle(order)
+    if order[0] == last:
+        order.append(order.pop(0))
+    return order
+
+
+async def _round(
+    stack: ChaosStack, report: ChaosReport, order: list[str], pending: dict[str, asyncio.Task[None]]
+) -> None:
+    """One strike per component every STRIKE_EVERY_S, then the pause of the sandbox
+    worker. A component is struck again only once its last recovery is measured; a
+    broker kill holds the schedule until the broker's recovery is measured."""
+    for name in [*order, "sandbox-worker (paused)"]:
+        component = name.removesuffix(" (paused)")
+        start = time.monotonic()
+        if (prev := pending.get(component)) is not None:
+            await prev
+        task = await _strike(stack, report, component, paused=name != component)
+        pending[component] = task
+        if component == "kafka":
+            await task
+        await asyncio.sleep(max(0.0, STRIKE_EVERY_S - (time.monotonic() - start)))
+
+
 async def _rounds(stack: ChaosStack, report: ChaosReport, seconds: float) -> None:
+    """Rounds over the components in a shuffled order. A round starts while it is
+    expected to end within `seconds` (by the last round's length), and always until
+    MIN_ROUNDS rounds were struck: every component is killed at least MIN_ROUNDS times."""
     rng = random.Random()
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        order = list(COMPONENTS)
-        rng.shuffle(order)
-        for name in order:
-            if time.monotonic() >= end:
-                return
-            await _strike(stack, report, name, paused=False)
-            await asyncio.sleep(2.0)
-        if time.monotonic() < end:
-            await _strike(stack, report, "sandbox-worker", paused=True)
+    pending: dict[str, asyncio.Task[None]] = {}
+    rounds, took, last = 0, 0.0, None
+    while rounds < MIN_ROUNDS or time.monotonic() + took <= end:
+        begun = time.monotonic()
+        order = _order(rng, last)
+        await _round(stack, report, order, pending)
+        rounds, took, last = rounds + 1, time.monotonic() - begun, order[-1]
+        stack.say(f"round {rounds} struck in {took:.0f} s")
+    stack.say("chaos over: waiting for the last recoveries to be measured")
+    await asyncio.gather(*pending.values())
 
 
 async def _audit(stack: ChaosStack, report: ChaosReport) -> None:

@@ -20,10 +20,11 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     ) -> None:
         """Run the tiny pipeline on a stack of its own while SIGKILLing and restarting a
-        random component every few seconds (generator, dispatcher, sandbox worker,
-        learner, Redis, the Kafka broker) and SIGSTOPping the sandbox worker past its
-        session timeout; then drain, audit, and print `lost N, trained twice N,
-        conflicts N` with recovery times per component. Exit 1 unless all three are 0."""
+        component every 9 s, in shuffled rounds over all of them (generator, dispatcher,
+        sandbox worker, learner, Redis, the Kafka broker; at least 3 rounds) and
+        SIGSTOPping the sandbox worker past its session timeout once a round; then drain,
+        audit, and print `lost N, trained twice N, conflicts N` with kills and recovery
+        times per component. Exit 1 unless all three are 0."""
         import asyncio
 
         from services.chaos import run_chaos
