@@ -165,16 +165,16 @@ class TableStore:
         value = self.table.data.get(key)
         return value if isinstance(value, bytes) else None
 
-    def put(self, key: bytes, partition: int, value: bytes | None) -> None:
+    def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
+        """Set (None: delete) the key; returns the changelog record's delivery future."""
         if value is None:
             if self.table.data.pop(key, None) is None:
-                return
+                return None
             self.partition_of.pop(key, None)
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
-            return
+            return self.table.send_changelog(partition, key, None, value_serializer="raw")
         self.table.data[key] = value
         self.partition_of[key] = partition
-        self.table.send_changelog(
+        return self.table.send_changelog(
             partition, key, value, key_serializer="raw", value_serializer="raw"
         )
 
