@@ -67,17 +67,18 @@ def build_app(
     )
 
     app.agent(events, name="groups", concurrency=1)(
-        _batches(d, section.batch_max, section.batches_in_flight)
+        _batches(d, section.batch_max, section.batches_in_flight, section.batch_gather_s)
     )
     _rebalances(app, d, store, names[0])
     _deadlines(app, d, wiring, tick_name, section.tick_interval_s)
     return app, d
 
 
-def _batches(d: Dispatcher, most: int, depth: int) -> Any:
+def _batches(d: Dispatcher, most: int, depth: int, gather_s: float) -> Any:
     """The agent: adaptive batches with manual acks, up to `depth` batches in flight.
-    Events are gathered while more are already queued (none is waited for: a lone event
-    is a batch of one, so batching adds no latency), up to `most`. A batch is staged
+    Events are gathered while more are already queued, up to `most`; when the queue runs
+    dry the agent waits `gather_s` once for a trickle to gather (at most that much added
+    latency; a burst never waits). A batch is staged
     (transitions run, records sent) and then settles in the background, strictly after
     the batch before it (acks awaited, states stored, and only then its events acked),
     while the agent stages the next ones: Kafka's round trip is off the latency path, and
@@ -87,10 +88,17 @@ def _batches(d: Dispatcher, most: int, depth: int) -> Any:
         manual = stream.noack()
         queue = manual.channel.queue
         pending: list[Any] = []
+        waited = False
         async for event in manual.events():
             pending.append(event)
             if len(pending) < most and not queue.empty():
                 continue
+            if not waited and len(pending) < most and gather_s > 0:
+                waited = True  # once per batch: let a trickle gather (bounded latency)
+                await asyncio.sleep(gather_s)
+                if not queue.empty():
+                    continue
+            waited = False
             batch = await d.stage(pending)
             before = d.inflight[-1] if d.inflight else None
             d.inflight.append(asyncio.ensure_future(_settle(d, manual, batch, pending, before)))
@@ -157,16 +165,16 @@ class TableStore:
         value = self.table.data.get(key)
         return value if isinstance(value, bytes) else None
 
-    def put(self, key: bytes, partition: int, value: bytes | None) -> None:
+    def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
+        """Set (None: delete) the key; returns the changelog record's delivery future."""
         if value is None:
             if self.table.data.pop(key, None) is None:
-                return
+                return None
             self.partition_of.pop(key, None)
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
-            return
+            return self.table.send_changelog(partition, key, None, value_serializer="raw")
         self.table.data[key] = value
         self.partition_of[key] = partition
-        self.table.send_changelog(
+        return self.table.send_changelog(
             partition, key, value, key_serializer="raw", value_serializer="raw"
         )
 

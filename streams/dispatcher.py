@@ -59,8 +59,9 @@ class GroupStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def put(self, key: bytes, partition: int, value: bytes | None) -> None:
-        """Set (None: delete) the key, writing the changelog to `partition`."""
+    def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
+        """Set (None: delete) the key, writing the changelog to `partition`; returns an
+        awaitable delivery of the changelog record (or None)."""
         ...
 
     def items(self) -> Iterable[tuple[bytes, bytes]]: ...
@@ -132,10 +133,16 @@ class Dispatcher:
         return batch
 
     async def settle(self, batch: Batch) -> None:
-        """Steps 3-4: one wait for all of the batch's acks, then its states stored."""
+        """Steps 3-4: one wait for all of the batch's acks, then its states stored (and
+        their changelog records acked, before the caller acks the batch's offsets)."""
         if batch.records:
             await retrying(lambda: self._deliver(batch), "publishing a batch")
-        self._commit(batch)
+        stored = [f for f in self._commit(batch) if f is not None]
+        if stored:  # the changelog is durable before the batch's offsets may move
+            if self.flush is not None:
+                self.flushing = asyncio.ensure_future(self.flush())
+            for done in stored:
+                await done
         for key in batch.states:
             if self.staged.get(key, (0, None))[0] == batch.number:
                 del self.staged[key]
@@ -233,14 +240,16 @@ class Dispatcher:
             batch.acks = None
             raise
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> list[Any]:
+        stored = []
         for key, (partition, state, delete) in batch.dirty.items():
             if delete or state is None:
-                self.table.put(key, partition, None)
+                stored.append(self.table.put(key, partition, None))
                 self.due.pop(key, None)
             else:
-                self.table.put(key, partition, _ENCODE.encode(state))
+                stored.append(self.table.put(key, partition, _ENCODE.encode(state)))
                 self.due[key] = groups.next_due(state, self.policy)
+        return stored
 
     def due_keys(self, now: float) -> list[bytes]:
         """Keys of the owned groups whose deadlines need a tick now (from the index; the

@@ -70,8 +70,11 @@ class FakeTable:
     data: dict[bytes, bytes] = field(default_factory=dict)
     changelog: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)
 
-    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **_: Any) -> None:
+    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **_: Any) -> Any:
         self.changelog.append((partition, key, value))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
 
 @dataclass
@@ -141,9 +144,9 @@ async def test_batch_sends_then_acks_then_stores() -> None:
     stored_when: list[int] = []
     put = d.table.put
 
-    def spy(key: bytes, partition: int, value: bytes | None) -> None:
+    def spy(key: bytes, partition: int, value: bytes | None) -> Any:
         stored_when.append(sends.acked)
-        put(key, partition, value)
+        return put(key, partition, value)
 
     d.table.put = spy  # type: ignore[method-assign]
     await d.on_events([t_ev(t, partition=i % 2) for i, t in enumerate(members)])
