@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 
+from sandbox_workers.verifiers import feedback_spec
 from schemas.envelope import new_id
 from schemas.rollout import Task, Trajectory
-from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
+from schemas.sandbox import Outcome, SandboxRequest, SandboxResult, VerifierSpec
 from services.rollout import episode
 from services.rollout.sandbox_client import SandboxClient
 from streams.groups import extract_code
@@ -75,10 +76,18 @@ class MultiTurn:
             group_id=group_id,
             task_id=task.task_id,
             code=extract_code(text),
-            verifier=task.verifier,
+            verifier=observed_spec(task.verifier),
             timeout_s=d.sandbox_timeout_s,
             memory_mb=d.sandbox_memory_mb,
             turn=turn,
             parent_id=traj_id,
         )
         return await self.client.run(request, self.cfg.turn_timeout_s)
+
+
+def observed_spec(spec: VerifierSpec) -> VerifierSpec:
+    """What a turn's feedback run may execute: the task's public `feedback_tests` when it
+    declares them (the hidden scoring tests and their expected values never reach an
+    observation). A task without public tests (the legacy suites) keeps its one test set,
+    which is then both feedback and score."""
+    return feedback_spec(spec) or spec

@@ -196,6 +196,23 @@ def test_multi_turn_episode_through_a_sandbox() -> None:
     assert traj.completion_mask is not None and 0 in traj.completion_mask
 
 
+def test_multi_turn_observations_run_only_the_public_tests() -> None:
+    hidden = "from solution import f\n\ndef test_hidden():\n    assert f() == 424242\n"
+    public = "from solution import f\n\ndef test_public():\n    assert f() is not None\n"
+    spec = VerifierSpec(name="python_tests", tests=hidden, feedback_tests=public)
+    sampler = ScriptedSampler(["```python\ndef f(): pass\n```", "```python\ndef f(): 1\n```"])
+    env = MultiTurn(context(sampler))
+    sandbox = FakeSandbox([Outcome.FAILED, Outcome.PASSED])
+    env.client = sandbox  # type: ignore[assignment]
+    (traj,) = asyncio.run(env.group(task(group_size=1, max_turns=3, verifier=spec), "g"))
+    assert sandbox.requests, "feedback runs went through the sandbox"
+    for request in sandbox.requests:
+        assert request.verifier.tests == public
+        assert "424242" not in (request.verifier.tests or "")
+        assert not request.verifier.feedback_tests
+    assert all("424242" not in (m.content or "") for m in traj.messages)
+
+
 def test_multi_turn_timeout_ends_the_episode() -> None:
     sampler = ScriptedSampler(["a", "b"])
     env = MultiTurn(context(sampler))
