@@ -94,7 +94,10 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group: a barrier first, so that no rank tears its communicators
+    down while another still talks (rank 0 hosts the rendezvous store)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -65,6 +65,11 @@ class SandboxSettings(Section):
     uncommitted, so another worker runs them."""
     dedup_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     """How long a worker remembers (in Redis) a request_id+attempt it has answered."""
+    publish_stall_s: float = Field(default=90.0, gt=0)
+    """A publication (one transaction of results and offsets) still unfinished after this
+    long means the worker's Kafka clients are wedged (for instance after a pause past the
+    transaction and session timeouts): the process exits (status 3) so that its
+    supervisor starts a fresh one; nothing uncommitted is lost, it is redelivered."""
 
 
 class RewardsSettings(Section):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,8 @@ class SandboxWorker:
         self._room = asyncio.Event()
         self.fatal = ""
         self.commits = 0
+        self.publishing_since: float | None = None
+        """Monotonic time the publication under way began (None: none under way)."""
         self.failed_flushes = 0
 
     async def _handle(self, record: Incoming, entry: Entry) -> None:
@@ -149,7 +152,11 @@ class SandboxWorker:
             batch = self.outbox.ready()
             if not batch:
                 return
-            await self.io.publish(batch.outputs, batch.offsets)
+            self.publishing_since = time.monotonic()
+            try:
+                await self.io.publish(batch.outputs, batch.offsets)
+            finally:
+                self.publishing_since = None
             keys = [e.key for e in self.outbox.commit(batch) if e.key]
             metrics.TRANSACTIONS.inc()
             self.commits += 1
@@ -251,6 +258,15 @@ class SandboxWorker:
             for record in await self.io.fetch(room, timeout_ms=200):
                 self._start(record)
 
+    def stalled_for(self, now: float) -> float:
+        """Seconds the publication under way has taken so far (0: none under way)."""
+        return stall_s(self.publishing_since, now)
+
     async def _revoked(self, revoked: list[Partition]) -> None:
         """Before partitions move: publish what finished, let running jobs finish briefly."""
         await self.drain(REBALANCE_DRAIN_S, revoked)
+
+
+def stall_s(since: float | None, now: float) -> float:
+    """How long an operation begun at `since` (None: none under way) has run at `now`."""
+    return 0.0 if since is None else max(0.0, now - since)

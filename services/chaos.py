@@ -119,18 +119,20 @@ def trained_twice(conflicts: dict[str, list[str]]) -> int:
 
 
 async def _recover(
-    stack: ChaosStack, since: float, base: dict[topics.TopicSpec, int]
+    stack: ChaosStack, since: float, base: dict[topics.TopicSpec, dict[int, int]]
 ) -> float | None:
-    """Seconds from `since` until every progress topic of `name` grew past `base`."""
+    """Seconds from `since` until a committed record reached every progress topic past
+    `base` (its per-partition end offsets before the strike)."""
+    if not base:  # the broker did not answer before the strike: nothing to compare with
+        return None
     deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    waiting = set(base)
-    while time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        counts = await stack.counts(list(waiting))
-        waiting = {t for t in waiting if counts.get(t, -1) <= base[t]}
-        if not waiting:
-            return time.monotonic() - since
-    return None
+    waiting = dict(base)
+    while waiting and time.monotonic() < deadline:
+        for spec, at in list(waiting.items()):
+            left = deadline - time.monotonic()
+            if left > 0 and await stack.arrived(spec, at, min(5.0, left)):
+                del waiting[spec]
+    return None if waiting else time.monotonic() - since
 
 
 async def _measure(
@@ -138,7 +140,7 @@ async def _measure(
     report: ChaosReport,
     label: str,
     since: float,
-    base: dict[topics.TopicSpec, int],
+    base: dict[topics.TopicSpec, dict[int, int]],
 ) -> None:
     """One strike's recovery, measured while the next strikes go on."""
     took = await _recover(stack, since, base)
@@ -160,10 +162,10 @@ async def _strike(
         stack.signal(name, signal.SIGSTOP)
         since = time.monotonic()
         await asyncio.sleep(PAUSE_S)
-        base = await stack.counts([topics.SANDBOX_RESULTS])
+        base = await stack.ends([topics.SANDBOX_RESULTS])
         stack.signal(name, signal.SIGCONT)
     else:
-        base = await stack.counts(list(PROGRESS[label]))
+        base = await stack.ends(list(PROGRESS[label]))
         since = time.monotonic()
         await stack.kill(name)
         await asyncio.sleep(1.0)

@@ -4,6 +4,7 @@ pipeline's processes, their kills and restarts, topic counts, drain and stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -214,6 +215,55 @@ class ChaosStack:
             except Exception:
                 out[spec] = -1
         return out
+
+    async def ends(self, specs: list[topics.TopicSpec]) -> dict[topics.TopicSpec, dict[int, int]]:
+        """Per-partition end offsets of each topic, as a read_committed reader sees them
+        (the last stable offset); a topic the broker does not answer for is left out."""
+        from aiokafka import TopicPartition
+
+        from services import kafka
+
+        out: dict[topics.TopicSpec, dict[int, int]] = {}
+        for spec in specs:
+            try:
+                if self.counter is None:
+                    self.counter = kafka.consumer(self.settings, "rollstream-chaos")
+                    await asyncio.wait_for(self.counter.start(), 10)
+                full = spec.full_name(self.settings.topics.prefix)
+                parts = await kafka.partitions(self.settings, full)
+                tps = [TopicPartition(full, p) for p in parts]
+                got = await asyncio.wait_for(self.counter.end_offsets(tps), 10)
+                out[spec] = {tp.partition: int(o) for tp, o in got.items()}
+            except Exception:
+                continue
+        return out
+
+    async def arrived(self, spec: topics.TopicSpec, base: dict[int, int], timeout_s: float) -> bool:
+        """Whether a committed record reached `spec` past `base` (partition -> offset)
+        within `timeout_s`, read as the dispatcher reads it (read_committed): aborted
+        transactions and their markers, which move end offsets too, are not progress."""
+        from aiokafka import TopicPartition
+
+        from services import kafka
+
+        full = spec.full_name(self.settings.topics.prefix)
+        reader = kafka.consumer(self.settings, "rollstream-chaos-tail")
+        try:
+            await asyncio.wait_for(reader.start(), 10)
+            tps = [TopicPartition(full, p) for p in sorted(base)]
+            reader.assign(tps)
+            for tp in tps:
+                reader.seek(tp, base[tp.partition])
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if any((await reader.getmany(timeout_ms=500)).values()):
+                    return True
+            return False
+        except Exception:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.stop()
 
     async def wait_flowing(self, timeout_s: float = 600) -> None:
         """Until the learner has written ledger entries (the pipeline runs end to end)."""

@@ -90,6 +90,22 @@ def _run(
     )
     if os.environ.get("RANK", "0") == "0":  # the other ranks of a data-parallel job: quiet
         typer.echo(_summary_json(summary))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_rank()
+
+
+def _exit_rank() -> None:
+    """End a rank of a data-parallel job now that its work is done and its output flushed.
+    The process group is destroyed by then, yet collective threads of the C++ runtime can
+    outlive it and abort the interpreter's finalisation ("terminate called without an
+    active exception", exit 250), turning a finished job into a failed one."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _summary_json(summary: Summary) -> str:

@@ -167,6 +167,30 @@ def _rebalance(on_revoked: Revoked) -> Any:
     return Listener()
 
 
+STALL_EXIT = 3
+"""Exit status of a worker whose publication stalled (sandbox.publish_stall_s)."""
+
+
+async def _watchdog(w: SandboxWorker, limit_s: float) -> None:
+    """Exit the process when a publication has stalled past `limit_s`: its Kafka clients
+    are wedged and no await in this loop can be trusted to return, so no clean shutdown
+    is tried. The results it held are uncommitted: the next owner of the partitions
+    answers them (and the dedup keys keep a finished job from running twice)."""
+    import os
+    import time
+
+    while True:
+        await asyncio.sleep(min(1.0, limit_s / 4))
+        stalled = w.stalled_for(time.monotonic())
+        if stalled > limit_s:
+            log.critical(
+                "publishing results has stalled for %.0fs (sandbox.publish_stall_s=%.0f): "
+                "exiting so that a fresh worker takes over", stalled, limit_s,
+            )  # fmt: skip
+            logging.shutdown()
+            os._exit(STALL_EXIT)
+
+
 async def docker_sandbox(settings: Settings, worker_id: str | None = None) -> VerifyingSandbox:
     """The real sandbox: a started warm pool of hardened containers."""
     from sandbox_workers import pooled
@@ -216,6 +240,7 @@ async def serve(
     log.info(
         "sandbox worker %s: %s -> %s", wid, requests, kafka.topic(settings, topics.SANDBOX_RESULTS)
     )
+    watchdog = loop.create_task(_watchdog(w, settings.sandbox.publish_stall_s))
     try:
         if not stop.is_set():
             await w.run(stop)
@@ -223,6 +248,7 @@ async def serve(
         log.error("%s", exc)
         return 1
     finally:
+        watchdog.cancel()
         await sandbox.close()
         await claim_check.aclose()
         await dedup.close()

@@ -126,6 +126,7 @@ class Dispatcher:
         batch = Batch(number=self.batches)
         for event in events:
             await self.guarded(event, batch)
+        self._freeze(batch)
         if batch.records:
             await retrying(lambda: self._issue(batch), "publishing a batch")
         for key, state in batch.states.items():
@@ -240,15 +241,25 @@ class Dispatcher:
             batch.acks = None
             raise
 
-    def _commit(self, batch: Batch) -> list[Any]:
-        stored = []
+    def _freeze(self, batch: Batch) -> None:
+        """Encode the states the batch will store, now: the next batch reads (and its
+        transitions change in place) the same state objects before this one settles, and
+        what this batch stores must be the state as this batch left it."""
         for key, (partition, state, delete) in batch.dirty.items():
             if delete or state is None:
-                stored.append(self.table.put(key, partition, None))
+                batch.frozen.append((key, partition, None, None))
+            else:
+                due = groups.next_due(state, self.policy)
+                batch.frozen.append((key, partition, _ENCODE.encode(state), due))
+
+    def _commit(self, batch: Batch) -> list[Any]:
+        stored = []
+        for key, partition, value, due in batch.frozen:
+            stored.append(self.table.put(key, partition, value))
+            if value is None or due is None:
                 self.due.pop(key, None)
             else:
-                stored.append(self.table.put(key, partition, _ENCODE.encode(state)))
-                self.due[key] = groups.next_due(state, self.policy)
+                self.due[key] = due
         return stored
 
     def due_keys(self, now: float) -> list[bytes]:

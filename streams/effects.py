@@ -37,6 +37,9 @@ class Batch:
     """The latest state of each group the batch touched (later events read it)."""
     dirty: dict[bytes, tuple[int, GroupState | None, bool]] = field(default_factory=dict)
     """key -> (partition, state, delete) to store once the records are acked."""
+    frozen: list[tuple[bytes, int, bytes | None, float | None]] = field(default_factory=list)
+    """(key, partition, encoded state or None to delete, next due) per dirty key, encoded
+    when the batch was staged: what settling it stores."""
     emitted: list[float] = field(default_factory=list)
     """created_at of each emitted reward (latency metric)."""
     number: int = 0

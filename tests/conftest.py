@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ def prefix() -> Iterator[str]:
     The prefix's topics are deleted afterwards (best effort), so runs do not pile up."""
     value = f"t{uuid.uuid4().hex[:12]}"
     yield value
+    if os.environ.get("ROLLSTREAM_TEST_KEEP_TOPICS"):  # debugging: inspect them afterwards
+        return
     thread = threading.Thread(target=_delete_topics, args=(value,), daemon=True)
     thread.start()
     thread.join(20)

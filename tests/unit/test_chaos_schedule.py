@@ -23,9 +23,12 @@ class FakeStack:
     def say(self, text: str) -> None:
         self.log.append(text)
 
-    async def counts(self, specs: list[topics.TopicSpec]) -> dict[topics.TopicSpec, int]:
-        self.n += 1  # every topic grows between two looks: recovered at the first look
-        return dict.fromkeys(specs, self.n)
+    async def ends(self, specs: list[topics.TopicSpec]) -> dict[topics.TopicSpec, dict[int, int]]:
+        self.n += 1
+        return {spec: {0: self.n} for spec in specs}
+
+    async def arrived(self, spec: topics.TopicSpec, base: dict[int, int], timeout_s: float) -> bool:
+        return True  # a committed record past the base at the first look: recovered
 
     async def kill(self, name: str) -> None:
         self.log.append(f"kill {name}")

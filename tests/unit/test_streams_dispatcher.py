@@ -15,7 +15,8 @@ from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
 from schemas.transport import DeadLetter
 from streams.app import TableStore
 from streams.config import DispatcherSettings
-from streams.dispatcher import Dispatcher
+from streams.dispatcher import _STATE, Dispatcher
+from streams.members import Score
 
 from .test_streams_groups import result_for, score_result, traj
 
@@ -234,3 +235,27 @@ async def test_no_ticks_while_idle_and_the_tick_path_is_guarded() -> None:
     letters = [codec.decode(v, DeadLetter) for v in sends.on("dlq")]
     assert [(x.source_topic, x.source_offset) for x in letters] == [(TICK, 3)]
     assert topics.DLQ.full_name(P) == f"{P}.dlq"
+
+
+async def test_a_staged_batch_stores_its_own_states_not_a_later_batchs() -> None:
+    """Batches overlap: batch 2 is staged (reading batch 1's staged state) while batch 1
+    still waits for its acks. What batch 1 stores must be the state as batch 1 left it:
+    were it the shared object that batch 2 went on to change, a group would be stored as
+    emitted before its rewards were acked, and a crash then would lose them (found by
+    SIGKILLing a dispatcher under load: groups stored emitted with no rewards on the topic)."""
+    a, b = traj(index=0, size=2, sandbox=False), traj(index=1, size=2, sandbox=False)
+    d, table, sends, _ = dispatcher()
+
+    async def inline(_: Trajectory) -> Score:
+        return Score(outcome=Outcome.PASSED, reward=1.0, passed=1, total=1)
+
+    d.score_inline = inline  # type: ignore[assignment]
+    first = await d.stage([t_ev(a)])
+    second = await d.stage([t_ev(b)])  # the group is complete: emitted in batch 2
+    assert sends.on("rewards"), "batch 2 emitted the group"
+    await d.settle(first)
+    state = _STATE.decode(table.data[a.group_id.encode()])
+    assert state.emitted_at is None, "batch 1 stored batch 2's emission before its acks"
+    assert len(state.members) == 1
+    await d.settle(second)
+    assert _STATE.decode(table.data[a.group_id.encode()]).emitted_at is not None
