@@ -143,7 +143,11 @@ async def _measure(
     base: dict[topics.TopicSpec, dict[int, int]],
 ) -> None:
     """One strike's recovery, measured while the next strikes go on."""
-    took = await _recover(stack, since, base)
+    try:
+        took = await _recover(stack, since, base)
+    except Exception as exc:  # a probe that failed is a measurement lost, not the run
+        stack.say(f"[yellow]{label}: recovery not measured: {exc!r}[/]")
+        took = None
     if took is None:
         report.not_recovered[label] = report.not_recovered.get(label, 0) + 1
         report.recoveries.setdefault(label, [])

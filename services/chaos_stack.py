@@ -66,6 +66,8 @@ class ChaosStack:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     current: dict[str, Service] = field(default_factory=dict)
     counter: Any = None
+    probing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One progress probe at a time on `counter` (each assigns the partitions it reads)."""
     killed: list[str] = field(default_factory=list)
 
     @classmethod
@@ -200,21 +202,18 @@ class ChaosStack:
 
     async def counts(self, specs: list[topics.TopicSpec]) -> dict[topics.TopicSpec, int]:
         """End offsets summed per topic (-1 when the broker does not answer)."""
+        ends = await self.ends(specs)
+        return {spec: sum(ends[spec].values()) if spec in ends else -1 for spec in specs}
+
+    async def _probe(self) -> Any:
+        """The one consumer of the progress probes (read_committed, no group), started
+        once; callers hold `self.probing`."""
         from services import kafka
 
-        out: dict[topics.TopicSpec, int] = {}
-        for spec in specs:
-            try:
-                if self.counter is None:
-                    self.counter = kafka.consumer(self.settings, "rollstream-chaos")
-                    await asyncio.wait_for(self.counter.start(), 10)
-                full = spec.full_name(self.settings.topics.prefix)
-                out[spec] = await asyncio.wait_for(
-                    kafka.record_count(self.settings, self.counter, full), 10
-                )
-            except Exception:
-                out[spec] = -1
-        return out
+        if self.counter is None:
+            self.counter = kafka.consumer(self.settings, "rollstream-chaos")
+            await asyncio.wait_for(self.counter.start(), 10)
+        return self.counter
 
     async def ends(self, specs: list[topics.TopicSpec]) -> dict[topics.TopicSpec, dict[int, int]]:
         """Per-partition end offsets of each topic, as a read_committed reader sees them
@@ -224,18 +223,17 @@ class ChaosStack:
         from services import kafka
 
         out: dict[topics.TopicSpec, dict[int, int]] = {}
-        for spec in specs:
-            try:
-                if self.counter is None:
-                    self.counter = kafka.consumer(self.settings, "rollstream-chaos")
-                    await asyncio.wait_for(self.counter.start(), 10)
-                full = spec.full_name(self.settings.topics.prefix)
-                parts = await kafka.partitions(self.settings, full)
-                tps = [TopicPartition(full, p) for p in parts]
-                got = await asyncio.wait_for(self.counter.end_offsets(tps), 10)
-                out[spec] = {tp.partition: int(o) for tp, o in got.items()}
-            except Exception:
-                continue
+        async with self.probing:
+            for spec in specs:
+                try:
+                    probe = await self._probe()
+                    full = spec.full_name(self.settings.topics.prefix)
+                    parts = await asyncio.wait_for(kafka.partitions(self.settings, full), 10)
+                    tps = [TopicPartition(full, p) for p in parts]
+                    got = await asyncio.wait_for(probe.end_offsets(tps), 10)
+                    out[spec] = {tp.partition: int(o) for tp, o in got.items()}
+                except Exception:
+                    continue
         return out
 
     async def arrived(self, spec: topics.TopicSpec, base: dict[int, int], timeout_s: float) -> bool:
@@ -244,26 +242,26 @@ class ChaosStack:
         transactions and their markers, which move end offsets too, are not progress."""
         from aiokafka import TopicPartition
 
-        from services import kafka
-
         full = spec.full_name(self.settings.topics.prefix)
-        reader = kafka.consumer(self.settings, "rollstream-chaos-tail")
-        try:
-            await asyncio.wait_for(reader.start(), 10)
+        async with self.probing:
+            try:
+                probe = await self._probe()
+            except Exception:
+                return False
             tps = [TopicPartition(full, p) for p in sorted(base)]
-            reader.assign(tps)
-            for tp in tps:
-                reader.seek(tp, base[tp.partition])
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                if any((await reader.getmany(timeout_ms=500)).values()):
-                    return True
-            return False
-        except Exception:
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                await reader.stop()
+            try:
+                probe.assign(tps)
+                for tp in tps:
+                    probe.seek(tp, base[tp.partition])
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    if any((await probe.getmany(timeout_ms=500)).values()):
+                        return True
+                return False
+            except Exception:
+                return False
+            finally:
+                probe.unsubscribe()  # no fetch left running between probes
 
     async def wait_flowing(self, timeout_s: float = 600) -> None:
         """Until the learner has written ledger entries (the pipeline runs end to end)."""
@@ -297,8 +295,10 @@ class ChaosStack:
         await asyncio.to_thread(self.procs.stop, learners, 90)
         await asyncio.sleep(3.0)
         if self.counter is not None:
-            await self.counter.stop()
-            self.counter = None
+            async with self.probing:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await self.counter.stop()  # a fetch it cancels may raise
+                self.counter = None
 
     def write(self, data: dict[str, Any]) -> None:
         (self.dir / "chaos.json").write_text(json.dumps(data, indent=2))
