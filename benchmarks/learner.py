@@ -1,6 +1,7 @@
 """Learner throughput and weight publication latency, on the local stack.
 
     .venv/bin/python benchmarks/learner.py [--steps 30] [--sizes 1,10,100] [--repeats 3]
+    .venv/bin/python benchmarks/learner.py --model smollm2   # weight sync at that size
 
 1. Throughput. The trainer alone (no Kafka: the compute ceiling), then the learner service
    reading a backlog of ScoredTrajectory records produced in advance to a fresh prefix (a
@@ -265,7 +266,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100", help="model sizes in millions")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--model", default="tiny", help="smollm2: benchmarks/weight_sync.py")
+    args = parser.parse_args()
+    if args.model != "tiny":
+        from benchmarks import weight_sync
+
+        weight_sync.run(args.model, args.repeats, args.threads)
+        return
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
