@@ -63,6 +63,7 @@ def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path) -> Se
     share = args.slow_share
     base = load(
         [
+            "demo.policy=tiny",
             f"demo.prefix={prefix}",
             f"demo.budget_minutes={args.minutes}",
             f"demo.report_dir={args.report_dir}",
@@ -88,13 +89,14 @@ async def sync_run(s: Settings, state: dict[str, Any], tasks: list[Task], minute
 
     from learner.spec import make_policy
     from learner.trainer import Trainer, train_config
+    from services.models import resolved
     from services.rollout import evaluate
     from services.rollout.sampler import SuiteSampler
     from services.rollout.textcodec import for_policy
     from services.sandbox_wiring import docker_sandbox
 
     torch.set_num_threads(1)
-    policy = make_policy(s.learner)
+    policy = make_policy(resolved(s))
     policy.load_weights(state)
     text = for_policy(policy)
     trainer = Trainer(policy, train_config(s.learner), torch.device("cpu"))
@@ -234,11 +236,12 @@ def initial_state(s: Settings) -> dict[str, Any]:
     import torch
 
     from learner.spec import make_policy
+    from services.models import resolved
     from services.rollout import warmup
     from services.rollout.textcodec import for_policy
 
     torch.set_num_threads(1)
-    policy = make_policy(s.learner)
+    policy = make_policy(resolved(s))
     pairs = [(t, suites.get(n).example(t)) for n in ("arith", "pyfunc")
              for t in suites.get(n).tasks("warmup")]  # fmt: skip
     warm = s.model_copy(

@@ -10,6 +10,7 @@ topics exist (services/topics.py) before the learner starts. With several ranks
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import Callable
@@ -81,8 +82,10 @@ async def run_service(
     from services import blobs
     from services import topics as topic_admin
     from services.learner_kafka import KafkaIO
+    from services.models import resolved
 
     await topic_admin.ensure(settings)
+    section = await asyncio.to_thread(resolved, settings)
     store = weight_store(settings)
     if store_hook is not None:
         store = store_hook(store)
@@ -104,7 +107,7 @@ async def run_service(
     limits = {"max_steps": max_steps, "max_seconds": max_seconds, "idle_exit_s": idle_exit_s}
     learner = None
     try:
-        learner = service.build(settings.learner, ports, **limits)
+        learner = service.build(section, ports, **limits)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)
         await io.start()
         return await service.serve(learner)
