@@ -146,7 +146,7 @@ def probe(settings: Settings) -> Check:
 
     model, cache = settings.learner.model, settings.stack.cache_dir
     if model == "tiny":
-        return Check("model", True, "built-in", version="tiny", detail="nothing to fetch")
+        return Check("model", True, "built-in", version="tiny", detail="tiny (nothing to fetch)")
     fix = f"run `rollstream --set learner.model={model} up --only model`"
     if model in PRESETS or model.startswith("gguf:"):
         gguf, out = _located(model, cache)
@@ -167,7 +167,7 @@ def up(settings: Settings) -> Check:
     model = settings.learner.model
     before = probe(settings)
     if before.healthy:
-        before.detail = ("reused: " if model != "tiny" else "") + before.detail
+        before.detail = "reused: " + before.detail
         return before
     path = resolve(model, settings.stack.cache_dir)
     return Check("model", True, str(path), version=model, detail="fetched and converted")
