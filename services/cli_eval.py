@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         from services import evalcmd
         from services.cli_common import settings_from
 
-        logging.basicConfig(level=logging.WARNING)
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("rollstream.eval").setLevel(logging.INFO)
         settings = settings_from(ctx, **{"topics.prefix": prefix})
         req = evalcmd.EvalRequest(policy, suite, tasks, split, samples, limit, batch)
         try:

@@ -12,7 +12,9 @@ here, sandboxed ones in a warm pool of hardened containers
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ from streams.groups import extract_code
 if TYPE_CHECKING:
     from services.settings import Settings
 
+log = logging.getLogger("rollstream.eval")
 Judge = Callable[[Task, str], Awaitable[tuple[float | None, bool]]]
 """(task, completion text) -> (reward or None when masked, passed)."""
 
@@ -93,8 +96,10 @@ async def evaluate(
     g, ls = settings.generator, settings.learner
     greedy = Decoding(g.max_new_tokens, seed=ls.seed + 1, batch=batch)
     sampled = Decoding(g.max_new_tokens, ls.temperature, g.top_p, ls.seed + 1, batch)
+    t0 = time.monotonic()
     first = await asyncio.to_thread(complete, policy, text, tasks, 1, greedy)
     drawn = await asyncio.to_thread(complete, policy, text, tasks, samples, sampled)
+    log.info("%d tasks: completions in %.0f s, judging", len(tasks), time.monotonic() - t0)
     return await judged(tasks, first, drawn, text, judge, samples)
 
 
