@@ -47,7 +47,7 @@ def test_ledger_counts_each_trajectory_once_with_reasons() -> None:
 
 
 def test_run_settings_fresh_prefix_and_overrides_only_where_unset() -> None:
-    base = load(["learner.batch_tokens=999", "demo.prefix=demo-x"])
+    base = load(["learner.batch_tokens=999", "demo.prefix=demo-x", "demo.policy=tiny"])
     s = run_settings(base)
     assert s.topics.prefix == "demo-x"
     assert s.learner.batch_tokens == 999  # set explicitly: the override stays out
