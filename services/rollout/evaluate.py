@@ -42,9 +42,9 @@ class EvalResult:
     greedy_pass: float
     """Share of tasks whose greedy completion passed (pass@1, greedy)."""
     sampled_pass: float
-    """Share of sampled completions that passed (pass@1, sampled)."""
+    """Share of sampled completions that passed (pass@1, sampled; NaN without samples)."""
     sampled_reward: float
-    """Mean reward of the sampled completions (masked ones left out)."""
+    """Mean reward of the sampled completions (masked ones left out; NaN without any)."""
     passed: list[int] = field(default_factory=list)
     """Per task: sampled completions that passed."""
     samples: int = 0
@@ -120,8 +120,8 @@ async def judged(
         suite=tasks[0].suite if tasks else "",
         tasks=len(tasks),
         greedy_pass=sum(ok for _, ok in first) / max(1, len(first)),
-        sampled_pass=sum(ok for _, ok in drawn) / max(1, len(drawn)),
-        sampled_reward=sum(rewards) / max(1, len(rewards)),
+        sampled_pass=sum(ok for _, ok in drawn) / len(drawn) if drawn else math.nan,
+        sampled_reward=sum(rewards) / len(rewards) if rewards else math.nan,
         passed=passed if n else [],
         samples=n,
     )
