@@ -41,6 +41,7 @@ from learner.weights import DirWeightStore, RedisWeightStore, WeightStore
 from schemas import codec, topics
 from schemas.messages import WeightUpdate
 from services.learner_service import run_service
+from services.models import resolved
 from services.settings import Settings, load
 
 PROMPT, COMPLETION = 64, 192
@@ -70,7 +71,7 @@ def _samples(n_groups: int) -> list[Sample]:
 
 def bench_trainer(settings: Settings, steps: int) -> dict[str, float]:
     ls = settings.learner
-    trainer = Trainer(make_policy(ls), train_config(ls), pick_device(ls.device))
+    trainer = Trainer(make_policy(resolved(settings)), train_config(ls), pick_device(ls.device))
     per_batch = ls.batch_tokens // (PROMPT + COMPLETION)
     data = _samples(per_batch * (steps + 1) // 4 + 1)
     trainer.step(data[:per_batch])  # warm-up
@@ -197,7 +198,7 @@ async def main_async(args: argparse.Namespace) -> None:
     threads = torch.get_num_threads()
     print(f"# learner benchmark: {cpu}, torch {torch.__version__}, {threads} threads, {device}")
     ls = settings.learner
-    params = sum(p.numel() for p in make_policy(ls).trainable_parameters()) / 1e6
+    params = sum(p.numel() for p in make_policy(resolved(settings)).trainable_parameters()) / 1e6
     print(f"model: tiny dim {ls.tiny_dim} x {ls.tiny_layers} layers ({params:.2f}M params); "
           f"batch {ls.batch_tokens} tokens of {PROMPT}+{COMPLETION}-token samples")  # fmt: skip
     try:
