@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.deps-stamp
 RS     := $(BIN)/rollstream
 PYTEST_ARGS ?=
 
-.PHONY: demo test up down lint fmt soak venv clean
+.PHONY: demo test up model down lint fmt soak venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,16 +19,22 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The main job: the whole pipeline on the local stack.
+## The main job: SmolLM2 learns the `code` suite on the local stack (`--policy tiny`:
+## the byte-level policy; DEMO_ARGS="--two-turn" for two-turn self-correction).
+DEMO_ARGS ?=
 demo: venv
-	$(RS) demo
+	$(RS) demo $(DEMO_ARGS)
 
-## Lint, type-check, bring the stack up, run every test but the soaks.
-test: venv lint up
+## Lint, type-check, bring the stack up (and SmolLM2 fetched and converted for the model
+## tests), run every test but the soaks.
+test: venv lint up model
 	$(BIN)/python -m pytest -m "not soak" $(PYTEST_ARGS)
 
 up: venv
 	$(RS) up
+
+model: venv
+	$(RS) --set learner.model=smollm2 up --only model
 
 down: venv
 	$(RS) down

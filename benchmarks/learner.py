@@ -1,6 +1,7 @@
 """Learner throughput and weight publication latency, on the local stack.
 
     .venv/bin/python benchmarks/learner.py [--steps 30] [--sizes 1,10,100] [--repeats 3]
+    .venv/bin/python benchmarks/learner.py --model smollm2   # weight sync at that size
 
 1. Throughput. The trainer alone (no Kafka: the compute ceiling), then the learner service
    reading a backlog of ScoredTrajectory records produced in advance to a fresh prefix (a
@@ -40,6 +41,7 @@ from learner.weights import DirWeightStore, RedisWeightStore, WeightStore
 from schemas import codec, topics
 from schemas.messages import WeightUpdate
 from services.learner_service import run_service
+from services.models import resolved
 from services.settings import Settings, load
 
 PROMPT, COMPLETION = 64, 192
@@ -69,7 +71,7 @@ def _samples(n_groups: int) -> list[Sample]:
 
 def bench_trainer(settings: Settings, steps: int) -> dict[str, float]:
     ls = settings.learner
-    trainer = Trainer(make_policy(ls), train_config(ls), pick_device(ls.device))
+    trainer = Trainer(make_policy(resolved(settings)), train_config(ls), pick_device(ls.device))
     per_batch = ls.batch_tokens // (PROMPT + COMPLETION)
     data = _samples(per_batch * (steps + 1) // 4 + 1)
     trainer.step(data[:per_batch])  # warm-up
@@ -196,7 +198,7 @@ async def main_async(args: argparse.Namespace) -> None:
     threads = torch.get_num_threads()
     print(f"# learner benchmark: {cpu}, torch {torch.__version__}, {threads} threads, {device}")
     ls = settings.learner
-    params = sum(p.numel() for p in make_policy(ls).trainable_parameters()) / 1e6
+    params = sum(p.numel() for p in make_policy(resolved(settings)).trainable_parameters()) / 1e6
     print(f"model: tiny dim {ls.tiny_dim} x {ls.tiny_layers} layers ({params:.2f}M params); "
           f"batch {ls.batch_tokens} tokens of {PROMPT}+{COMPLETION}-token samples")  # fmt: skip
     try:
@@ -265,7 +267,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100", help="model sizes in millions")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--model", default="tiny", help="smollm2: benchmarks/weight_sync.py")
+    args = parser.parse_args()
+    if args.model != "tiny":
+        from benchmarks import weight_sync
+
+        weight_sync.run(args.model, args.repeats, args.threads)
+        return
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path, seed:
     share = args.slow_share
     base = load(
         [
-            f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
+            "demo.policy=tiny", f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
             f"demo.report_dir={args.report_dir}", "demo.live=false",
             f"demo.eval_tasks={args.eval_tasks}", "demo.drain_s=10",
             f"sandbox.pool_size={args.pool}", f"feeder.suites=arith={1 - share},pyslow={share}",
@@ -85,11 +85,12 @@ def initial_state(s: Settings) -> dict[str, Any]:
     import torch
 
     from learner.spec import make_policy
+    from services.models import resolved
     from services.rollout import warmup
     from services.rollout.textcodec import for_policy
 
     torch.set_num_threads(1)
-    policy = make_policy(s.learner)
+    policy = make_policy(resolved(s))
     warm = s.model_copy(
         update={"feeder": s.feeder.model_copy(update={"suites": {"arith": 0.7, "pyfunc": 0.3}})}
     )

@@ -48,9 +48,10 @@ async def greedy_pass(s: Settings, policy: Any, text: Any, tasks: list[Task]) ->
 async def curve(s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int) -> list:
     """[[seconds, held-out greedy pass]] of each (seconds, weights) snapshot."""
     from learner.spec import make_policy
+    from services.models import resolved
     from services.rollout.textcodec import for_policy
 
-    policy = make_policy(s.learner)
+    policy = make_policy(resolved(s))
     text, tasks, out = for_policy(policy), heldout_tasks(n), []
     for t, state in snapshots:
         policy.load_weights(state)

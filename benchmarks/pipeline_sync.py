@@ -23,6 +23,7 @@ async def sync_run(
 
     from learner.spec import make_policy
     from learner.trainer import Trainer, train_config
+    from services.models import resolved
     from services.rollout import evaluate
     from services.rollout.sampler import SuiteSampler
     from services.rollout.textcodec import for_policy
@@ -30,7 +31,7 @@ async def sync_run(
 
     torch.set_num_threads(1)
     torch.manual_seed(s.learner.seed)
-    policy = make_policy(s.learner)
+    policy = make_policy(resolved(s))
     policy.load_weights(state)
     text = for_policy(policy)
     trainer = Trainer(policy, train_config(s.learner), torch.device("cpu"))

@@ -36,6 +36,21 @@ class LearnerSettings(Section):
     """Longest prompt + completion of the tiny transformer; longer samples are dropped."""
     hf_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """Parameter dtype of a Hugging Face model. Unset: as saved."""
+    sample_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weight dtype a Hugging Face Llama-family model samples with (learner/decode.py):
+    `auto` is bfloat16 where its matmuls are native (CUDA, a CPU with avx512_bf16/AMX), else
+    the model's dtype. Behaviour logprobs are those of the weights that sampled; the
+    learner's importance correction absorbs their difference from its own dtype."""
+    lora_rank: int = Field(default=0, ge=0)
+    """LoRA rank of a Hugging Face model (peft); 0: full fine-tuning. With LoRA only the
+    adapters train, are published and are checkpointed as weights."""
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_targets: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        min_length=1,
+    )
+    """Names of the linear modules LoRA adapts."""
     seed: int = 0
     """Seed of the initial weights and every RNG of the learner."""
     device: str = "auto"
@@ -96,6 +111,9 @@ class LearnerSettings(Section):
     progress_every_s: float = Field(default=1.0, gt=0)
     """How often the learner announces its settled-sample count on `progress` (when it
     moved): generators pace on it, between weight publications too (DESIGN.md 7)."""
+    publish_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Float dtype of published weight blobs: bfloat16 halves their size and the publish ->
+    swap time; generators sampling in bfloat16 (sample_dtype) lose nothing by it."""
     weight_store: Literal["redis", "dir"] = "redis"
     """Where published weights go: `redis` (chunked; small models) or `dir` (large ones)."""
     weight_dir: Path | None = None

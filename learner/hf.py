@@ -3,11 +3,19 @@
 `transformers` is imported lazily (only when this backend is used). Nothing is downloaded:
 ``from_path`` passes ``local_files_only=True``. The tokenizer is loaded when the directory
 has one; the learner itself only needs token ids.
+
+Sampling: Llama-family models decode with `learner.decode.Decoder` (packed weights in the
+sampling dtype, static KV cache, the group's prompt run once); other architectures go
+through `learner.sampling.sample` with the model's own forward. LoRA (peft) wraps the model
+when ``lora_rank > 0``: only the adapters train, and `weights()` / `load_weights` carry only
+them (the base weights are the pretrained ones on every side), so a published version is a
+few MB.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +24,63 @@ from torch import Tensor, nn
 
 from learner.policy import export_state, logprobs_from_logits
 from learner.sampling import BetweenSteps, Completion, sample
+from learner.stops import StopStrings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LORA_MARK = "lora_"
+"""State-dict keys of LoRA adapters contain this."""
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+
+def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """None: the model's dtype. `auto`: bfloat16 where its matmuls are native (CUDA with
+    bf16, a CPU with avx512_bf16/AMX through oneDNN), else the model's dtype."""
+    if name is None:
+        return model_dtype
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else model_dtype
+    try:
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        native = False
+    return torch.bfloat16 if native and device.type == "cpu" else model_dtype
+
+
+def with_lora(model: Any, lora: LoraSpec) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    kwargs: dict[str, Any] = {"r": lora.rank, "lora_alpha": lora.alpha, "bias": "none",
+                              "target_modules": list(lora.targets), "lora_dropout": 0}  # fmt: skip
+    return get_peft_model(model, LoraConfig(**kwargs))
 
 
 class HFPolicy(nn.Module):
     """A `transformers` AutoModelForCausalLM implementing `learner.policy.Policy`."""
 
-    def __init__(self, model: Any, path: str, tokenizer: Any = None, dtype: str | None = None):
+    def __init__(
+        self,
+        model: Any,
+        path: str,
+        tokenizer: Any = None,
+        dtype: str | None = None,
+        *,
+        sample_dtype: str | None = None,
+        lora: LoraSpec | None = None,
+    ):
         super().__init__()
-        self.model = model
+        self.model = with_lora(model, lora) if lora is not None else model
         self.path = path
         self.dtype_name = dtype
+        self.sample_dtype = sample_dtype
+        self.lora = lora
         self.tokenizer = tokenizer
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
@@ -37,9 +90,17 @@ class HFPolicy(nn.Module):
         self.eos_id = int(eos) if eos is not None else self.vocab_size - 1
         pad = getattr(cfg, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else self.eos_id
+        self._decoder: Any = None
 
     @classmethod
-    def from_path(cls, path: str | Path, dtype: str | None = None) -> HFPolicy:
+    def from_path(
+        cls,
+        path: str | Path,
+        dtype: str | None = None,
+        *,
+        sample_dtype: str | None = None,
+        lora: LoraSpec | None = None,
+    ) -> HFPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = str(path)
@@ -50,7 +111,7 @@ class HFPolicy(nn.Module):
         tokenizer = None
         if any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]
-        return cls(model, path, tokenizer, dtype)
+        return cls(model, path, tokenizer, dtype, sample_dtype=sample_dtype, lora=lora)
 
     def token_logprobs(
         self,
@@ -67,17 +128,57 @@ class HFPolicy(nn.Module):
         return (p for p in self.model.parameters() if p.requires_grad)
 
     def weights(self) -> dict[str, Tensor]:
-        return export_state(self.model)
+        state = export_state(self.model)
+        if self.lora is None:
+            return state
+        return {k: v for k, v in state.items() if LORA_MARK in k}
 
     def load_weights(self, state: Mapping[str, Tensor]) -> None:
-        self.model.load_state_dict(dict(state), strict=True)
+        if self.lora is None:
+            self.model.load_state_dict(dict(state), strict=True)
+            return
+        wanted = {k for k in self.model.state_dict() if LORA_MARK in k}
+        if set(state) != wanted:
+            missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
+            raise KeyError(f"LoRA weights: missing {missing[:3]}, unexpected {extra[:3]}")
+        self.model.load_state_dict(dict(state), strict=False)
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "hf", "path": self.path, "dtype": self.dtype_name}
+        spec: dict[str, Any] = {"kind": "hf", "path": self.path, "dtype": self.dtype_name}
+        spec["sample_dtype"] = self.sample_dtype
+        spec["lora"] = asdict(self.lora) if self.lora is not None else None
+        return spec
 
     def _step(self, new_tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
-        out = self.model(input_ids=new_tokens, past_key_values=cache, use_cache=True)
+        out = self.model(
+            input_ids=new_tokens, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
         return out.logits[:, -1], out.past_key_values
+
+    def decoder(self) -> Any:
+        """The fast decoder over the current weights (repacked after any weight change), or
+        None for architectures it does not cover."""
+        from learner import decode
+
+        if not decode.supports(self.model.get_base_model() if self.lora else self.model):
+            return None
+        param = next(self.model.parameters())
+        dtype = sampling_dtype(self.sample_dtype, param.device, param.dtype)
+        dec = self._decoder
+        stale = dec is None or dec.dtype != dtype or dec.device != param.device
+        if stale or dec.version != decode.weights_version(self.model):
+            self._decoder = dec = decode.Decoder(self.model, dtype)
+        return dec
+
+    def stop_strings(self, stop: Sequence[str]) -> StopStrings | None:
+        if not stop:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("stop strings need the model's tokenizer")
+        tok = self.tokenizer
+        return StopStrings(
+            stop, lambda ids: str(tok.decode(ids, clean_up_tokenization_spaces=False))
+        )
 
     def sample(
         self,
@@ -90,22 +191,25 @@ class HFPolicy(nn.Module):
         generator: torch.Generator | None = None,
         between_steps: BetweenSteps | None = None,
         version: int = -1,
+        stop: Sequence[str] = (),
     ) -> list[Completion]:
+        """`Policy.sample`; ``stop``: strings that end a completion at the token completing
+        one of them (finish reason ``stop``, as for end-of-sequence)."""
+        budget = max(0, min(max_new_tokens, self.max_seq_len - len(prompt_ids)))
+        stops = self.stop_strings(stop)
+        kw: dict[str, Any] = {"max_new_tokens": budget, "eos_id": self.eos_id, "top_p": top_p,
+                              "temperature": temperature, "generator": generator,
+                              "between_steps": between_steps, "version": version}  # fmt: skip
         was_training = self.training
         self.eval()
         try:
-            return sample(
-                self._step,
-                prompt_ids,
-                n,
-                max_new_tokens=max(0, min(max_new_tokens, self.max_seq_len - len(prompt_ids))),
-                eos_id=self.eos_id,
-                device=next(self.model.parameters()).device,
-                temperature=temperature,
-                top_p=top_p,
-                generator=generator,
-                between_steps=between_steps,
-                version=version,
-            )
+            dec = self.decoder()
+            if dec is not None:
+                from learner.decode import generate
+
+                return generate(dec, prompt_ids, n, stops=stops, repack=self.decoder, **kw)
+            device = next(self.model.parameters()).device
+            out = sample(self._step, prompt_ids, n, device=device, **kw)
+            return [stops.truncate(c) for c in out] if stops else out
         finally:
             self.train(was_training)

@@ -10,8 +10,8 @@ across crashes (DESIGN.md sections 3 and 6):
 2. A full batch (token budget, or `batch_max_wait_s` after its first sample) is trained
    on; each sample gets a `trained` ledger entry in the outbox.
 3. Every `publish_every` steps: weights to the store (complete blob, sha256), then the
-   WeightUpdate on `weights`. Versions only increase: a restarted learner continues after
-   the newest version announced on the topic, even when its checkpoint is older.
+   WeightUpdate on `weights`, in the background from a snapshot (training goes on). Versions
+   only increase: a restart continues after the newest announced, even past its checkpoint.
 4. Every `checkpoint_every` steps (and on a clean stop): checkpoint (model, optimizer,
    RNG, version, offsets of the fully handled records, dedup window, outbox) written
    atomically; then the outbox is sent and the offsets committed; then the checkpoint is
@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from learner import staleness
 from learner.batching import TokenBudgetBatcher
@@ -35,6 +36,7 @@ from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer, Summ
 from learner.checkpoint import CheckpointManager, CheckpointState
 from learner.io import LearnerIO, Record
 from learner.metrics import LearnerMetrics
+from learner.publish import snapshot, store_and_announce
 from learner.sample import Sample, from_scored, problem
 from learner.trainer import Trainer
 from learner.weights import WeightStore, announced_readable
@@ -61,6 +63,7 @@ class LoopConfig:
     batch_tokens: int
     batch_max_wait_s: float
     publish_every: int
+    publish_dtype: str
     checkpoint_every: int
     dedup_window: int
     writer: str = "learner-0"
@@ -112,6 +115,7 @@ class Learner:
         self.last_publish_step = self.last_ckpt_step = 0
         self.pending_since: float | None = None
         self.drops_since: float | None = None
+        self._publishing: asyncio.Task[WeightUpdate] | None = None
         self.summary = Summary()
         self._stop = asyncio.Event()
         self._started = time.monotonic()
@@ -184,6 +188,8 @@ class Learner:
                     break
             await self._finish()
         finally:
+            if self._publishing is not None:  # a crash: let the one snapshotted go out
+                await asyncio.gather(self._publishing, return_exceptions=True)
             self.summary.wall_s = time.monotonic() - started
             self.summary.steps, self.summary.version = self.trainer.steps, self.version
         return self.summary
@@ -209,6 +215,7 @@ class Learner:
         return time.monotonic() - self.drops_since >= max(self.cfg.batch_max_wait_s, 1.0)
 
     async def _finish(self) -> None:
+        await self._published()
         if self.trainer.steps > self.last_publish_step:
             await self.publish()
         if self.trainer.steps > self.last_ckpt_step or self.outbox:
@@ -318,37 +325,38 @@ class Learner:
             stats["tokens_per_s"],
         )
         if self.trainer.steps - self.last_publish_step >= self.cfg.publish_every:
-            await self.publish()
+            await self.publish(behind=True)
         if self.trainer.steps - self.last_ckpt_step >= self.cfg.checkpoint_every:
             await self.checkpoint()
 
-    async def publish(self) -> WeightUpdate:
-        """Weights to the store, then the announcement: a WeightUpdate on `weights` always
-        points at a complete blob."""
-        t0 = time.monotonic()
-        version = self.version + 1
-        weights = await asyncio.to_thread(self.trainer.weights)
-        ref = await asyncio.to_thread(self.store.put, version, weights)
-        update = WeightUpdate(
-            policy=self.cfg.policy,
-            version=version,
-            step=self.trainer.steps,
-            uri=ref.uri,
-            sha256=ref.sha256,
-            size_bytes=ref.size_bytes,
-            samples_consumed=self.samples_consumed,
-        )
-        await self.io.send_and_wait(
-            self.cfg.weights_topic, value=codec.encode(update), key=self.cfg.policy.encode()
-        )
-        self.version, self.last_publish_step = version, self.trainer.steps
+    async def publish(self, behind: bool = False) -> WeightUpdate | None:
+        """Store, then announce (a complete blob); ``behind``: return once snapshotted."""
+        await self._published()
+        t0, step = time.monotonic(), self.trainer.steps
+        state = await asyncio.to_thread(snapshot, self.trainer, self.cfg.publish_dtype)
+        self.last_publish_step = step
+        self._publishing = asyncio.create_task(self._store_and_announce(state, step, t0))
+        return None if behind else await self._published()
+
+    async def _published(self) -> WeightUpdate | None:  # the one in flight; its failure raises
+        task, self._publishing = self._publishing, None
+        return None if task is None else await task
+
+    async def _store_and_announce(
+        self, state: dict[str, Any], step: int, t0: float
+    ) -> WeightUpdate:
+        update = await store_and_announce(self.store, self.io, self.cfg, state,
+                                          version=self.version + 1, step=step,
+                                          samples_consumed=self.samples_consumed)  # fmt: skip
+        self.version = update.version
         self.summary.publish_s += time.monotonic() - t0
         if self.metrics is not None:
-            self.metrics.published(version, time.monotonic() - t0)
-        log.info("published version %d (step %d) at %s", version, self.trainer.steps, ref.uri)
+            self.metrics.published(update.version, time.monotonic() - t0)
+        log.info("published version %d (step %d) at %s", update.version, step, update.uri)
         return update
 
     async def checkpoint(self) -> None:
+        await self._published()
         t0 = time.monotonic()
         offsets = self.tracker.committable()
         state = CheckpointState(

@@ -29,7 +29,12 @@ def policy_spec(section: LearnerSettings) -> dict[str, Any]:
             max_seq_len=section.max_seq_len,
         )
         return cfg.to_dict()
-    return {"kind": "hf", "path": section.model, "dtype": section.hf_dtype}
+    lora = None
+    if section.lora_rank > 0:
+        lora = {"rank": section.lora_rank, "alpha": section.lora_alpha,
+                "targets": list(section.lora_targets)}  # fmt: skip
+    return {"kind": "hf", "path": section.model, "dtype": section.hf_dtype,
+            "sample_dtype": section.sample_dtype, "lora": lora}  # fmt: skip
 
 
 def build_policy(spec: Mapping[str, Any]) -> Policy:
@@ -39,9 +44,17 @@ def build_policy(spec: Mapping[str, Any]) -> Policy:
     if kind == "tiny":
         return TinyPolicy(TinyConfig.from_dict(spec))
     if kind == "hf":
-        from learner.hf import HFPolicy  # transformers only when a HF model is used
+        from learner.hf import HFPolicy, LoraSpec  # transformers only when a HF model is used
 
-        return HFPolicy.from_path(spec["path"], dtype=spec.get("dtype"))
+        lora = spec.get("lora")
+        return HFPolicy.from_path(
+            spec["path"],
+            dtype=spec.get("dtype"),
+            sample_dtype=spec.get("sample_dtype"),
+            lora=None
+            if not lora
+            else LoraSpec(lora["rank"], lora["alpha"], tuple(lora["targets"])),
+        )
     raise ValueError(f"unknown policy kind {kind!r} (expected 'tiny' or 'hf')")
 
 

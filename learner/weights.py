@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import tempfile
@@ -179,12 +180,19 @@ class DirWeightStore:
         return StoredWeights(final.resolve().as_uri(), sha, len(data))
 
     def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
+        """The file is mapped, not read into memory: hashed through the mapping, then
+        loaded by safetensors (its own mapping), one copy into the returned tensors."""
+        from safetensors.torch import load_file
+
         path = path_of(uri)
         try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise WeightIntegrityError(f"{uri}: no such blob (pruned?)") from exc
-        return deserialize(_verified(data, sha256, uri))
+            with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                digest = hashlib.sha256(mm).hexdigest()
+            if digest != sha256:
+                raise WeightIntegrityError(f"{uri}: sha256 {digest} does not match {sha256}")
+            return load_file(path)  # write-once name: only pruning could remove it since
+        except (FileNotFoundError, ValueError) as exc:
+            raise WeightIntegrityError(f"{uri}: no such blob (pruned?) or empty") from exc
 
     def _prune(self, keep: Path) -> None:
         """Delete all but the `self.keep` newest blobs (by write time), never `keep`."""

@@ -56,12 +56,14 @@ Brokers = Annotated[
 def up(
     ctx: typer.Context,
     only: Annotated[
-        str | None, typer.Option(help="Comma-separated subset: kafka,redis,docker,image,topics.")
+        str | None,
+        typer.Option(help="Comma-separated subset: kafka,redis,docker,image,topics,model."),
     ] = None,
     brokers: Brokers = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Bring up the local stack (idempotent): Kafka, Redis, Docker, sandbox image, topics.
+    """Bring up the local stack (idempotent): Kafka, Redis, Docker, sandbox image, topics, and
+    the configured model (`learner.model`: fetched and converted once).
 
     `--brokers 3`: a local 3-node KRaft cluster (topics get replication 3, min ISR 2);
     a node that died is started again."""
@@ -181,17 +183,33 @@ def topics_list(
 
 
 @app.command()
-def demo(ctx: typer.Context) -> None:
-    """The main job: bring the stack up and run the pipeline on the local machine."""
+def demo(
+    ctx: typer.Context,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="smollm2 (default: on the code suite) or tiny (demo.policy)."),
+    ] = None,
+    two_turn: Annotated[
+        bool | None,
+        typer.Option("--two-turn/--single-turn", help="Two-turn self-correction (demo.two_turn)."),
+    ] = None,
+    minutes: Annotated[
+        float | None, typer.Option(help="Pipeline budget in minutes (demo.budget_minutes).")
+    ] = None,
+) -> None:
+    """The main job: bring the stack up and train a policy on the local machine."""
     from services.demo import run_demo
 
-    raise typer.Exit(run_demo(settings_from(ctx)))
+    flags = {"demo.policy": policy, "demo.budget_minutes": minutes}
+    flags["demo.two_turn"] = None if two_turn is None else str(two_turn).lower()
+    raise typer.Exit(run_demo(settings_from(ctx, **flags)))
 
 
 def _register_areas() -> None:
     from services import (
         cli_chaos,
         cli_dispatcher,
+        cli_eval,
         cli_learner,
         cli_ops,
         cli_rollout,
@@ -203,6 +221,7 @@ def _register_areas() -> None:
     cli_sandbox.register(app)
     cli_dispatcher.register(app)
     cli_learner.register(app)
+    cli_eval.register(app)
     cli_ops.register(app)
     cli_rollout.register(app)
     cli_chaos.register(app)

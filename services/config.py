@@ -190,12 +190,49 @@ DEMO_OVERRIDES: dict[str, str] = {
     "rewards.memory_limit": "0",
     "rewards.output_limit": "0",
 }
-"""The demo's defaults on top of the library defaults (see DemoSettings.overrides)."""
+"""The demo's defaults for the tiny policy on top of the library defaults (see
+DemoSettings.overrides)."""
+
+PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
+    # SmolLM2-135M on the `code` suite, sized for 2 CPU cores: a group of 8 completions of
+    # up to 160 new tokens takes tens of seconds, a learner step on 4 groups (32 samples of
+    # ~180 tokens) about a minute, so batches are small, a batch is trained on when full or
+    # after 4 minutes, and max_lag allows the few versions a sample can age by in flight.
+    "feeder.suites": '{"code": 1.0}',
+    "feeder.group_size": "8",
+    "feeder.adapt": "true",
+    "feeder.max_backlog": "4",
+    "learner.lr": "1e-5",
+    "learner.batch_tokens": "6000",
+    "learner.micro_batch_tokens": "2000",
+    "learner.batch_max_wait_s": "240",
+    "learner.max_lag": "3",
+    "learner.checkpoint_every": "1000",
+    "learner.weight_store": "dir",
+    "learner.weight_keep": "2",
+    "learner.temperature": "1.0",
+    "generator.max_new_tokens": "160",
+    "demo.warmup_steps": "0",
+    "demo.eval_samples": "0",
+    "demo.eval_extra": '{"humaneval": 40}',
+    "demo.drain_s": "150",
+}
+"""The demo's defaults for a pretrained policy (`demo.policy` other than tiny)."""
 
 
 class DemoSettings(Section):
     """`rollstream demo`: the whole pipeline on the local stack (services/demo.py)."""
 
+    policy: str = "smollm2"
+    """The model the demo trains, unless learner.model is set: `smollm2` (SmolLM2-135M-
+    Instruct on the `code` suite, PRETRAINED_DEMO_OVERRIDES) or `tiny` (the byte-level
+    policy on arith and pyfunc, DEMO_OVERRIDES); any learner.model form works."""
+    two_turn: bool = False
+    """Two-turn self-correction: each code task gets a second turn after its first turn's
+    code failed the public tests (feeder.max_turns = 2)."""
+    eval_extra: dict[str, int] = Field(default_factory=dict)
+    """Evaluation-only suites evaluated before and after as well: name -> tasks (the first
+    N of its held-out split, a fixed subset)."""
     budget_minutes: float = Field(default=8.0, gt=0)
     """How long the pipeline runs (warm-up, evaluation and the report come on top)."""
     prefix: str | None = None
@@ -217,20 +254,28 @@ class DemoSettings(Section):
     """Examples per warm-up step."""
     eval_tasks: int = Field(default=200, ge=1)
     """Held-out tasks per suite evaluated before and after (tasks never fed in training)."""
-    eval_samples: int = Field(default=4, ge=1)
-    """Sampled completions per held-out task for the sampled pass rate (plus one greedy)."""
+    eval_samples: int = Field(default=4, ge=0)
+    """Sampled completions per held-out task for the sampled pass rate (plus one greedy);
+    0: greedy only."""
     drain_s: float = Field(default=45.0, ge=0)
     """After the budget: how long in-flight trajectories get to be scored and trained."""
-    overrides: dict[str, str] = Field(default_factory=lambda: dict(DEMO_OVERRIDES))
+    overrides: dict[str, str] | None = None
     """Settings the demo applies to its services (`section.key` -> value) unless set
-    another way: a learner sized for a 2-core machine."""
+    another way: a learner sized for a 2-core machine. Unset: DEMO_OVERRIDES for the tiny
+    policy, PRETRAINED_DEMO_OVERRIDES for a pretrained one (services/config.py)."""
     live: bool = True
     """Live progress table in the terminal (off: one log line every 15 s)."""
 
     @model_validator(mode="before")
     @classmethod
     def _text_forms(cls, data: Any) -> Any:
-        return _parse_text_fields(data, maps=("overrides",), lists=())
+        return _parse_text_fields(data, maps=("overrides", "eval_extra"), lists=())
+
+    def overrides_for(self, model: str) -> dict[str, str]:
+        """The overrides of a run of `model` (`overrides` when set)."""
+        if self.overrides is not None:
+            return dict(self.overrides)
+        return dict(DEMO_OVERRIDES if model == "tiny" else PRETRAINED_DEMO_OVERRIDES)
 
 
 class StackSettings(Section):

@@ -48,11 +48,19 @@ CHILD_SECTIONS = (
 
 
 def run_settings(settings: Settings) -> Settings:
-    """The demo's settings: a fresh prefix unless one is set, and `demo.overrides` applied
-    to every field not set explicitly (by TOML, environment or --set)."""
+    """The demo's settings: the model `demo.policy` names unless learner.model is set, a
+    fresh prefix unless one is set, and the overrides of that model (`demo.overrides`,
+    DemoSettings.overrides_for) applied to every field not set explicitly (by TOML,
+    environment or --set); `demo.two_turn` sets feeder.max_turns to 2."""
     prefix = settings.demo.prefix or time.strftime("demo-%Y%m%d-%H%M%S")
+    if "model" not in settings.learner.model_fields_set:
+        learner = settings.learner.model_copy(update={"model": settings.demo.policy})
+        settings = settings.model_copy(update={"learner": learner})
+    overrides = settings.demo.overrides_for(settings.learner.model)
+    if settings.demo.two_turn:
+        overrides["feeder.max_turns"] = "2"
     sections: dict[str, dict[str, Any]] = {}
-    for key, value in settings.demo.overrides.items():
+    for key, value in overrides.items():
         section, _, name = key.partition(".")
         current = getattr(settings, section, None)
         if current is None or name not in type(current).model_fields:
@@ -137,7 +145,7 @@ class Demo:
         from services.infra import stack
 
         self.console.rule("[bold]rollstream demo: local stack")
-        checks = stack.up(self.s, ["kafka", "redis", "docker", "image"])
+        checks = stack.up(self.s, ["kafka", "redis", "docker", "image", "model"])
         for c in checks:
             mark = "[green]ok[/]" if c.healthy else "[red]DOWN[/]"
             self.say(f"{mark} {c.component:<7} {c.version:<14} {c.endpoint}  {c.detail}")
@@ -158,12 +166,13 @@ class Demo:
         import torch
 
         from learner.spec import make_policy
+        from services.models import resolved
         from services.rollout import warmup
         from services.rollout.textcodec import for_policy
 
         torch.set_num_threads(1)
         self.console.rule("[bold]initial policy")
-        policy = make_policy(self.s.learner)
+        policy = make_policy(resolved(self.s))
         text = for_policy(policy)
         if self.initial_state is not None:
             policy.load_weights(self.initial_state)
@@ -188,14 +197,16 @@ class Demo:
         from services import suites
 
         out = []
-        for name, weight in self.s.feeder.suites.items():
-            if weight <= 0 or name not in suites.names():
-                continue
-            tasks = suites.get(name).tasks("heldout")[: self.cfg.eval_tasks]
+        fed = [n for n, w in self.s.feeder.suites.items() if w > 0 and n in suites.names()]
+        chosen = {n: self.cfg.eval_tasks for n in fed} | dict(self.cfg.eval_extra)
+        for name, count in chosen.items():
+            tasks = suites.get(name).tasks("heldout")[:count]
+            t0 = time.monotonic()
             r = await self._evaluate_suite(policy, text, tasks)
             self.say(
-                f"held-out {label:<6} {name:<7} ({r.tasks} tasks): greedy pass "
-                f"{r.greedy_pass:.3f}, sampled pass {r.sampled_pass:.3f}"
+                f"held-out {label:<6} {name:<9} ({r.tasks} tasks): greedy pass "
+                f"{r.greedy_pass:.3f} ± {r.greedy_se:.3f}, sampled pass {r.sampled_pass:.3f} "
+                f"({time.monotonic() - t0:.0f} s)"
             )
             out.append(r)
         return out

@@ -82,9 +82,10 @@ async def run_service(
     from learner.distributed import DistEnv
     from services import topics as topic_admin
     from services.learner_lease import LearnerLease
+    from services.models import resolved
 
     if not DistEnv.from_env().is_main:
-        return Summary(steps=service.follow(settings.learner))
+        return Summary(steps=service.follow(resolved(settings)))
     await topic_admin.ensure(settings)
     lease = LearnerLease.from_settings(settings)
     try:
@@ -120,7 +121,9 @@ async def _serve(
     from services import blobs
     from services.learner_kafka import KafkaIO
     from services.learner_lease import FencedStore, fence_checkpoints
+    from services.models import resolved
 
+    section = await asyncio.to_thread(resolved, settings)
     store = weight_store(settings)
     if store_hook is not None:
         store = store_hook(store)
@@ -143,7 +146,7 @@ async def _serve(
     limits = dict(zip(("max_steps", "max_seconds", "idle_exit_s"), limit_values, strict=True))
     learner = None
     try:
-        learner = service.build(settings.learner, ports, **limits)
+        learner = service.build(section, ports, **limits)
         lease.on_lost = learner.request_stop
         fence_checkpoints(learner.ckpt, lease)
         log.info("learner of policy %s, prefix %s", settings.learner.policy, ports.prefix)

@@ -24,8 +24,12 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from services.infra.common import StackError
+from services.infra.common import Check, StackError
+
+if TYPE_CHECKING:
+    from services.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -114,3 +118,56 @@ def resolve(model: str, cache_dir: Path) -> Path | None:
         raise StackError(f"learner.model {model!r}: not a Hugging Face model directory "
                          "(no config.json); use tiny, smollm2, gguf:PATH or hf:PATH")  # fmt: skip
     return path
+
+
+# -- the `model` component of `rollstream up` / `doctor` ----------------------------------
+
+
+def _located(model: str, cache_dir: Path) -> tuple[Path | None, Path | None]:
+    """(GGUF file, converted directory) of `model` as far as they exist, fetching nothing."""
+    from learner.pretrained import converted_dir
+
+    if model in PRESETS:
+        preset = PRESETS[model]
+        gguf = _installed_member(preset)
+        cached = models_dir(cache_dir) / f"{preset.package}-{preset.version}" / preset.member
+        gguf = gguf or (cached if cached.is_file() else None)
+    elif model.startswith("gguf:"):
+        gguf = Path(model[5:]).expanduser()
+        gguf = gguf if gguf.is_file() else None
+    else:
+        return None, None
+    return gguf, (converted_dir(gguf, models_dir(cache_dir)) if gguf else None)
+
+
+def probe(settings: Settings) -> Check:
+    """Whether the configured model is ready to load (fetched and converted)."""
+    from learner.pretrained import is_complete
+
+    model, cache = settings.learner.model, settings.stack.cache_dir
+    if model == "tiny":
+        return Check("model", True, "built-in", version="tiny", detail="tiny (nothing to fetch)")
+    fix = f"run `rollstream --set learner.model={model} up --only model`"
+    if model in PRESETS or model.startswith("gguf:"):
+        gguf, out = _located(model, cache)
+        if gguf is None or out is None:
+            return Check("model", False, "", version=model, detail="not fetched", fix=fix)
+        ok = is_complete(out)
+        detail = "converted" if ok else f"not converted yet ({gguf.name})"
+        return Check("model", ok, str(out), version=model, detail=detail, fix=fix)
+    path = Path(model[3:] if model.startswith("hf:") else model).expanduser()
+    ok = (path / "config.json").is_file()
+    detail = "local model directory" if ok else "no config.json there"
+    fix = "" if ok else "point learner.model at a Hugging Face model directory"
+    return Check("model", ok, str(path), version="hf", detail=detail, fix=fix)
+
+
+def up(settings: Settings) -> Check:
+    """Fetch and convert the configured model now (a no-op for `tiny` and ready models)."""
+    model = settings.learner.model
+    before = probe(settings)
+    if before.healthy:
+        before.detail = "reused: " + before.detail
+        return before
+    path = resolve(model, settings.stack.cache_dir)
+    return Check("model", True, str(path), version=model, detail="fetched and converted")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from services.infra import docker_engine, image, kafka, redis_local
+from services.infra import docker_engine, image, kafka, models, redis_local
 from services.infra.common import Check, StackError
 from services.settings import Settings
 
-COMPONENTS = ("kafka", "redis", "docker", "image", "topics")
+COMPONENTS = ("kafka", "redis", "docker", "image", "topics", "model")
 
 
 def _topics_up(settings: Settings) -> Check:
@@ -41,6 +41,7 @@ UP_STEPS: dict[str, Callable[[Settings], Check]] = {
     "docker": docker_engine.up,
     "image": image.up,
     "topics": _topics_up,
+    "model": models.up,
 }
 REQUIRES = {"image": "docker", "topics": "kafka"}
 
@@ -82,6 +83,7 @@ def doctor(settings: Settings) -> list[Check]:
         checks.append(_blocked("topics", f"{settings.topics.prefix}.*", "kafka"))
     # One line per node of a multi-node local cluster, after the cluster's line.
     checks[1:1] = kafka.probe_nodes(settings, cluster)
+    checks.append(models.probe(settings))
     return checks
 
 

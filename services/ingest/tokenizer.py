@@ -44,7 +44,9 @@ class HFTokens:
 
 def load(settings: Settings) -> Tokenizer:
     """The tokenizer of the configured policy."""
-    model = settings.learner.model
+    from services.models import resolved
+
+    model = resolved(settings).model
     if model == "tiny":
         from learner.tiny import ByteTokenizer
 

@@ -14,7 +14,7 @@ the generator's `Sampler` and builds its trajectories with `Context.trajectory`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -147,9 +147,10 @@ class Sampler(Protocol):
     @property
     def max_seq_len(self) -> int: ...
 
-    async def turns(self, context: list[int], n: int) -> list[Turn]:
+    async def turns(self, context: list[int], n: int, stop: Sequence[str] = ()) -> list[Turn]:
         """`n` completions of the token ids `context`, with the newest verified weights
-        (swapped in first, never during a sequence); each turn records its version."""
+        (swapped in first, never during a sequence); each turn records its version and
+        ends after the first of the `stop` strings it writes (kept in its text)."""
         ...
 
 
@@ -216,7 +217,7 @@ the finish reason (set: the episode ends after them)."""
 
 
 async def turn_loop(
-    ctx: Context, prompt_ids: list[int], max_turns: int, step: Step
+    ctx: Context, prompt_ids: list[int], max_turns: int, step: Step, stop: Sequence[str] = ()
 ) -> tuple[list[Part], str | None]:
     """The parts of a multi-turn episode and its finish reason: sample a turn; after every
     turn but the last, `step` answers it; `length` when the answer does not fit under
@@ -224,7 +225,7 @@ async def turn_loop(
     parts: list[Part] = []
     context = list(prompt_ids)
     for t in range(max_turns):
-        (turn,) = await ctx.sampler.turns(context, 1)
+        (turn,) = await ctx.sampler.turns(context, 1, stop)
         parts.append(turn)
         context += turn.tokens
         if t == max_turns - 1:

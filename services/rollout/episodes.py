@@ -14,6 +14,7 @@ from typing import TypeVar
 from schemas.rollout import Task, Trajectory
 from services.rollout import episode
 from services.rollout.multiturn import MultiTurn
+from services.rollout.stops import stop_strings
 from services.rollout.toolcall import ToolCalling
 
 
@@ -32,7 +33,8 @@ class SingleTurn:
 
     async def group(self, task: Task, group_id: str) -> list[Trajectory]:
         prompt_ids = self.ctx.codec.prompt_ids(task)
-        turns = await self.ctx.sampler.turns(prompt_ids, task.group_size)
+        stop = stop_strings(task)
+        turns = await self.ctx.sampler.turns(prompt_ids, task.group_size, stop)
         return [
             self.ctx.trajectory(task, group_id, i, prompt_ids, [turn])
             for i, turn in enumerate(turns)

@@ -16,7 +16,8 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
   verified in the sandbox pause while the sandbox tier has more than
   `feeder.max_sandbox_backlog` requests waiting (their samples would arrive too stale).
 - `feeder.adapt`: suite weights follow the share of each suite's recent groups whose
-  rewards differ (sampler.adapt_multipliers).
+  rewards differ (sampler.adapt_multipliers), and within a suite a task whose groups'
+  rewards are all equal is skipped more often (sampler.task_multiplier).
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ from schemas.rollout import ScoredTrajectory, Task
 from schemas.sandbox import Outcome, SandboxRequest
 from services import kafka, suites
 from services.rollout import admission
-from services.rollout.sampler import GroupTally, SuiteSampler, adapt_multipliers
+from services.rollout.sampler import (
+    GroupTally,
+    SuiteSampler,
+    adapt_multipliers,
+    task_multiplier,
+)
 from streams.groups import extract_code
 
 if TYPE_CHECKING:
@@ -344,6 +350,9 @@ class Feeder:
                     done = tally.add(t.group_id, t.suite, t.group_size, scored.reward)
                     if done is not None:
                         history.setdefault(t.suite, collections.deque(maxlen=50)).append(done)
+                        chances = self.sampler.task_multipliers
+                        old = chances.get(t.task_id, 1.0)
+                        chances[t.task_id] = task_multiplier(old, done, self.cfg.adapt_floor)
                 self.sampler.multipliers = adapt_multipliers(history, self.cfg.adapt_floor)
         finally:
             await consumer.stop()

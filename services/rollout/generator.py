@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -37,7 +37,7 @@ from schemas import topics
 from schemas.codec import SchemaError
 from schemas.rollout import Task, Trajectory
 from services import kafka
-from services.rollout import episode, pacing
+from services.rollout import episode, pacing, stops
 from services.rollout import metrics as m
 from services.rollout.episodes import Episodes, import_environments
 from services.rollout.generator_state import Parts, Summary, member_id
@@ -90,10 +90,12 @@ class Generator:
 
         from learner.spec import build_policy, policy_spec
         from services import blobs
+        from services.models import resolved
         from services.rollout.textcodec import for_policy
 
         torch.set_num_threads(self.cfg.torch_threads)
-        policy = build_policy(policy_spec(self.settings.learner))
+        section = await asyncio.to_thread(resolved, self.settings)
+        policy = build_policy(policy_spec(section))
         policy.train(False)
         codec = for_policy(policy)
         rng = torch.Generator()
@@ -254,31 +256,30 @@ class Generator:
     def max_seq_len(self) -> int:
         return int(self.parts.policy.max_seq_len)
 
-    async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
+    async def turns(
+        self, context: list[int], n: int, stop: Sequence[str] = ()
+    ) -> list[episode.Turn]:
         """`n` completions of `context`, after swapping in newer verified weights (under
-        `lock`); with inflight_updates, newer weights are also adopted between decoding
-        steps, and each token records its version."""
+        `lock`), each cut after its first stop string; with inflight_updates, newer weights
+        are also adopted between decoding steps, and each token records its version."""
         async with self.lock:
             await self.swap()
             version = self.version
-            completions = await asyncio.to_thread(self.sample, context, n)
+            completions = await asyncio.to_thread(self.sample, context, n, stop)
         return [self.turn(c, version) for c in completions]
 
-    def sample(self, prompt_ids: list[int], n: int) -> list[Any]:
-        """Completions of one prompt with the current weights (call under `lock`)."""
+    def sample(self, prompt_ids: list[int], n: int, stop: Sequence[str] = ()) -> list[Any]:
+        """Completions of one prompt with the current weights (call under `lock`), cut
+        after their first stop string (services/rollout/stops.py)."""
+        policy = self.parts.policy
         between = self._between_steps if self.cfg.inflight_updates else None
-        return list(
-            self.parts.policy.sample(
-                prompt_ids,
-                n,
-                max_new_tokens=self.cfg.max_new_tokens,
-                temperature=self.settings.learner.temperature,
-                top_p=self.cfg.top_p,
-                generator=self.parts.rng,
-                between_steps=between,
-                version=self.version,
-            )
-        )
+        drawn = policy.sample(
+            prompt_ids, n, max_new_tokens=self.cfg.max_new_tokens,
+            temperature=self.settings.learner.temperature, top_p=self.cfg.top_p,
+            generator=self.parts.rng, between_steps=between, version=self.version,
+            **stops.sampler_stop(policy, stop),
+        )  # fmt: skip
+        return [stops.truncate(c, self.parts.codec.text, stop) for c in drawn]
 
     def _between_steps(self) -> int | None:
         """In the sampling thread, between two decoding steps (under `lock`): load newer

@@ -61,6 +61,7 @@ def table(row: Row, budget_s: float, services: list[Any]) -> Table:
     t.add_row("ledger", f"{row.trained} trained, {row.dropped} dropped, {row.masked} masked")
     t.add_row("outstanding", f"{row.outstanding} (published - consumed by the learner)")
     t.add_row("staleness", f"{_fmt(row.staleness, 2)} versions behind when scored")
+    t.add_row("all-equal groups", f"{_fmt(row.flat_groups, 2)} of {row.groups} (no signal)")
     t.add_row("dead letters", str(row.dead_letters))
     alive = ", ".join(f"{s.name}{'' if s.alive else ' (down)'}" for s in services)
     t.add_row("services", alive)
@@ -98,7 +99,8 @@ def _line(row: Row) -> str:
     return (
         f"t={row.t:.0f}s v{row.version} reward {_fmt(row.reward)} "
         f"{row.traj_per_s:.0f} traj/s published {row.trajectories} scored {row.scored} "
-        f"trained {row.trained} outstanding {row.outstanding} staleness {_fmt(row.staleness, 2)}"
+        f"trained {row.trained} outstanding {row.outstanding} staleness {_fmt(row.staleness, 2)} "
+        f"all-equal groups {_fmt(row.flat_groups, 2)} of {row.groups}"
     )
 
 
@@ -150,12 +152,12 @@ def accounting(demo: DemoRun) -> dict[str, Any]:
 def print_summary(demo: DemoRun, rep: Report, plot_path: Path | None, md: Path) -> None:
     demo.console.rule("[bold]result")
     t = Table(show_header=True, header_style="bold")
-    for col in ("held-out suite", "greedy before", "after", "sampled before", "after"):
+    for col in ("held-out suite", "tasks", "greedy before ± SE", "after ± SE", "change / SE"):
         t.add_column(col)
-    for suite, gb, ga, sb, sa in rep.heldout_table():
-        t.add_row(suite, f"{gb:.3f}", f"{ga:.3f}", f"{sb:.3f}", f"{sa:.3f}")
+    for line in rep.heldout_lines():
+        t.add_row(*line)
     demo.console.print(t)
-    for key, value in rep.accounting.items():
+    for key, value in [*rep.run_figures().items(), *rep.accounting.items()]:
         demo.say(f"{key}: {value}")
     demo.say(f"pipeline ran {rep.minutes:.1f} min; final policy v{rep.final_version}")
     demo.say(f"report: {md}" + (f"  plot: {plot_path}" if plot_path else " (no matplotlib)"))

@@ -69,7 +69,8 @@ class Monitor:
                 self.scored.add(r.trajectory.id)
                 t = r.trajectory
                 passed = r.outcome == Outcome.PASSED
-                s.on_reward(now, t.suite, r.reward, t.policy_version, r.masked, passed)
+                group = (t.group_id, t.group_size)
+                s.on_reward(now, t.suite, r.reward, t.policy_version, r.masked, passed, group)
         elif name == topics.WEIGHTS.name:
             u = codec.decode(value, WeightUpdate)
             s.on_weights(u.version, u.samples_consumed)

@@ -7,6 +7,11 @@ The episodes of a group run concurrently; their sampling calls take the generato
 one at a time, and weights may be swapped between two turns, so one trajectory can carry
 tokens of several policy versions (policy_versions says which). The last turn's code is
 not run here: the reward dispatcher verifies the final completion like any other.
+
+What a turn's code is run against between turns is the task's public `feedback_tests`
+only (`feedback_spec`): an observation shows public-test failures, never a hidden scoring
+test or its expected value. A task without public tests gets no feedback run: its episode
+ends after the first turn (as a single-turn episode), scored by the dispatcher.
 finish_reason: `stop` (a turn passed), `turn_limit` (the budget ran out), `length` (no
 room left under max_seq_len), `turn_timeout` (no sandbox verdict in time).
 """
@@ -21,6 +26,7 @@ from schemas.rollout import Task, Trajectory
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult, VerifierSpec
 from services.rollout import episode
 from services.rollout.sandbox_client import SandboxClient
+from services.rollout.stops import stop_strings
 from streams.groups import extract_code
 
 
@@ -53,8 +59,12 @@ class MultiTurn:
     ) -> Trajectory:
         traj_id = new_id()
 
+        public = feedback_spec(task.verifier)
+
         async def step(t: int, turn: episode.Turn) -> tuple[list[episode.Observation], str | None]:
-            result = await self._run(task, group_id, traj_id, t, turn.text)
+            if public is None:
+                return [], None
+            result = await self._run(public, task, group_id, traj_id, t, turn.text)
             if result is not None and result.outcome == Outcome.PASSED:
                 return [], "stop"
             text = episode.observation_text(result, self.cfg.observation_chars)
@@ -62,12 +72,14 @@ class MultiTurn:
             return [obs], (None if result is not None else "turn_timeout")
 
         turns = min(task.max_turns, self.cfg.max_turns)
-        parts, reason = await episode.turn_loop(self.ctx, prompt_ids, turns, step)
+        stop = stop_strings(task)
+        parts, reason = await episode.turn_loop(self.ctx, prompt_ids, turns, step, stop)
         return self.ctx.trajectory(task, group_id, index, prompt_ids, parts, reason, traj_id)
 
     async def _run(
-        self, task: Task, group_id: str, traj_id: str, turn: int, text: str
+        self, public: VerifierSpec, task: Task, group_id: str, traj_id: str, turn: int, text: str
     ) -> SandboxResult | None:
+        """Run one turn's code against the public tests `public` (never `task.verifier`)."""
         assert self.client is not None
         d = self.ctx.settings.dispatcher
         request = SandboxRequest(
@@ -76,18 +88,10 @@ class MultiTurn:
             group_id=group_id,
             task_id=task.task_id,
             code=extract_code(text),
-            verifier=observed_spec(task.verifier),
+            verifier=public,
             timeout_s=d.sandbox_timeout_s,
             memory_mb=d.sandbox_memory_mb,
             turn=turn,
             parent_id=traj_id,
         )
         return await self.client.run(request, self.cfg.turn_timeout_s)
-
-
-def observed_spec(spec: VerifierSpec) -> VerifierSpec:
-    """What a turn's feedback run may execute: the task's public `feedback_tests` when it
-    declares them (the hidden scoring tests and their expected values never reach an
-    observation). A task without public tests (the legacy suites) keeps its one test set,
-    which is then both feedback and score."""
-    return feedback_spec(spec) or spec

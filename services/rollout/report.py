@@ -9,6 +9,7 @@ lag of scored samples) with the outstanding trajectories that pacing bounds.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,33 @@ class Report:
              b.sampled_pass, after[b.suite].sampled_pass)
             for b in self.before if b.suite in after
         ]  # fmt: skip
+
+    def heldout_lines(self) -> list[tuple[str, str, str, str, str]]:
+        """(suite, tasks, greedy before ± SE, after ± SE, change in before-SEs): the
+        binomial standard error of the greedy pass rate."""
+        after = {e.suite: e for e in self.after}
+        out = []
+        for b in self.before:
+            a = after.get(b.suite)
+            if a is None:
+                continue
+            sigmas = (a.greedy_pass - b.greedy_pass) / b.greedy_se if b.greedy_se else math.nan
+            out.append((b.suite, str(b.tasks), f"{b.greedy_pass:.3f} ± {b.greedy_se:.3f}",
+                        f"{a.greedy_pass:.3f} ± {a.greedy_se:.3f}", f"{sigmas:+.1f}"))  # fmt: skip
+        return out
+
+    def run_figures(self) -> dict[str, Any]:
+        """Samples/s, learner steps (policy versions), mean staleness, all-equal groups."""
+        last = self.rows[-1] if self.rows else None
+        stale = [r.staleness for r in self.rows if r.staleness is not None]
+        return {
+            "samples per s": round(last.trajectories / max(1e-9, self.minutes * 60), 3)
+            if last else None,
+            "learner steps (final policy version)": self.final_version,
+            "mean staleness (versions)": round(sum(stale) / len(stale), 2) if stale else None,
+            "all-equal groups (no learning signal)": f"{last.flat_groups:.2f} of {last.groups}"
+            if last and last.flat_groups is not None else "none complete",
+        }  # fmt: skip
 
 
 def _binned(per_version: dict[int, list[float]], bins: int = 40) -> tuple[list[float], list[float]]:
@@ -115,6 +143,9 @@ def markdown(report: Report, plot_path: Path | None) -> str:
               "|---|---|---|---|---|"]  # fmt: skip
     for suite, gb, ga, sb, sa in report.heldout_table():
         lines.append(f"| {suite} | {gb:.3f} | {ga:.3f} | {sb:.3f} | {sa:.3f} |")
+    lines += ["", "| held-out suite | tasks | greedy pass@1 before ± SE | after ± SE "
+              "| change / SE(before) |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {' | '.join(line)} |" for line in report.heldout_lines()]
     lines += ["", "| measure | value |", "|---|---|"]
     lines.append(f"| pipeline minutes | {report.minutes:.2f} |")
     lines.append(f"| final policy version | {report.final_version} |")
@@ -125,7 +156,7 @@ def markdown(report: Report, plot_path: Path | None) -> str:
         lines.append(f"| ledger: trained / dropped / masked | "
                      f"{last.trained} / {last.dropped} / {last.masked} |")  # fmt: skip
         lines.append(f"| dead letters | {last.dead_letters} |")
-    for key, value in report.accounting.items():
+    for key, value in [*report.run_figures().items(), *report.accounting.items()]:
         lines.append(f"| {key} | {value} |")
     if plot_path is not None:
         lines += ["", f"![learning curves]({plot_path.name})"]
@@ -145,6 +176,7 @@ def write(report: Report, out_dir: Path) -> tuple[Path | None, Path]:
         "before": [asdict(e) for e in report.before],
         "after": [asdict(e) for e in report.after],
         "accounting": report.accounting,
+        "figures": report.run_figures(),
         "last": report.rows[-1].to_json() if report.rows else None,
         "settings": report.settings,
     }

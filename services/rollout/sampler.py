@@ -23,6 +23,9 @@ class SuiteSampler:
         self.weights = dict(weights)
         self.default_weight = default_weight
         self.multipliers: dict[str, float] = {}
+        self.task_multipliers: dict[str, float] = {}
+        """task_id -> chance that the task is taken when its turn comes (default 1; see
+        `task_multiplier`): tasks whose groups all pass or all fail are skipped more."""
         self.paused: set[str] = set()
         """Suites not sampled for now (flow control), whatever their weight."""
         self._rng = random.Random(seed)
@@ -58,11 +61,16 @@ class SuiteSampler:
         names = sorted(active)
         suite = self._rng.choices(names, weights=[active[n] for n in names])[0]
         order = self._order[suite]
-        if not order:
-            epoch = list(self._pools[suite])
-            self._rng.shuffle(epoch)
-            order.extend(epoch)
-        return order.popleft()
+        for _ in range(len(self._pools[suite])):
+            if not order:
+                epoch = list(self._pools[suite])
+                self._rng.shuffle(epoch)
+                order.extend(epoch)
+            task = order.popleft()
+            chance = self.task_multipliers.get(task.task_id, 1.0)
+            if chance >= 1.0 or self._rng.random() < chance:
+                return task
+        return task  # every task of the suite was skipped once: take the last one
 
     def size(self, suite: str) -> int:
         return len(self._pools.get(suite, ()))
@@ -87,6 +95,13 @@ class GroupTally:
             return None
         del self.open[group_id]
         return max(entry[2]) - min(entry[2]) > 1e-9
+
+
+def task_multiplier(current: float, informative: bool, floor: float) -> float:
+    """A task's next sampling chance after one of its groups completed: halved by a group
+    whose rewards are all equal (all pass or all fail: no learning signal), never below
+    `floor`; back to 1 after an informative group."""
+    return 1.0 if informative else max(floor, current * 0.5)
 
 
 def adapt_multipliers(

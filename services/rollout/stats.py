@@ -33,6 +33,10 @@ class Row:
     """Mean reward of the rewards of the last window (None: none yet)."""
     staleness: float | None
     suite_reward: dict[str, float] = field(default_factory=dict)
+    groups: int = 0
+    """Groups whose every member was scored."""
+    flat_groups: float | None = None
+    """Share of those groups whose rewards are all equal (no learning signal)."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -63,16 +67,25 @@ class RunStats:
     _rewards: deque[tuple[float, str, float, int]] = field(default_factory=deque)
     """(arrival, suite, reward, staleness) of unmasked rewards in the window."""
     _scored_times: deque[float] = field(default_factory=deque)
+    _open_groups: dict[str, list[float | None]] = field(default_factory=dict)
+    """group id -> rewards so far (None: masked), until every member is scored."""
+    groups_done: int = 0
+    groups_flat: int = 0
+    """Complete groups whose unmasked rewards are all equal."""
 
     def on_trajectory(self, now: float) -> None:
         self.trajectories += 1
         self._traj_times.append(now)
 
     def on_reward(
-        self, now: float, suite: str, reward: float, version: int, masked: bool, passed: bool
-    ) -> None:
+        self, now: float, suite: str, reward: float, version: int, masked: bool, passed: bool,
+        group: tuple[str, int] | None = None,
+    ) -> None:  # fmt: skip
+        """One scored trajectory; `group` = (group id, group size) counts flat groups."""
         self.scored += 1
         self._scored_times.append(now)
+        if group is not None:
+            self._on_member(group[0], group[1], None if masked else reward)
         if masked:
             return
         stale = max(0, self.version - version) if version >= 0 else 0
@@ -88,6 +101,16 @@ class RunStats:
         s[0] += reward
         s[1] += 1
         s[2] += passed
+
+    def _on_member(self, group_id: str, size: int, reward: float | None) -> None:
+        members = self._open_groups.setdefault(group_id, [])
+        members.append(reward)
+        if len(members) < size:
+            return
+        del self._open_groups[group_id]
+        values = {r for r in members if r is not None}
+        self.groups_done += 1
+        self.groups_flat += len(values) <= 1
 
     def on_weights(self, version: int, samples_consumed: int) -> None:
         self.version = max(self.version, version)
@@ -136,6 +159,8 @@ class RunStats:
             reward=_mean([r for _, _, r, _ in rewards]),
             staleness=_mean([float(s) for *_, s in rewards]),
             suite_reward={k: sum(v) / len(v) for k, v in sorted(suites.items())},
+            groups=self.groups_done,
+            flat_groups=self.groups_flat / self.groups_done if self.groups_done else None,
         )
 
 

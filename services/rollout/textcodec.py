@@ -1,8 +1,10 @@
 """Text <-> token ids for the policy a generator samples from.
 
 The built-in tiny policy uses its byte tokenizer (BOS before the prompt, EOS ends a
-turn). A Hugging Face policy uses the tokenizer saved next to the model; chat-message
-prompts go through its chat template when it has one.
+turn). A Hugging Face policy uses the tokenizer saved next to the model; with a chat model
+(its tokenizer has a chat template) every prompt goes through the template: chat-message
+prompts as they are, a text prompt as one user message, then the assistant's turn opens.
+Its end-of-sequence token is the tokenizer's (the end of a chat turn, learner/pretrained.py).
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ class HFCodec:
         self.tok = tokenizer
 
     def prompt_ids(self, task: Task) -> list[int]:
-        if task.messages and getattr(self.tok, "chat_template", None):
+        if not getattr(self.tok, "chat_template", None):
+            return list(self.tok(prompt_text(task))["input_ids"])
+        if task.messages:
             chat = [{"role": m.role, "content": m.content or ""} for m in task.messages]
-            return list(self.tok.apply_chat_template(chat, add_generation_prompt=True))
-        return list(self.tok(prompt_text(task))["input_ids"])
+        else:
+            chat = [{"role": "user", "content": prompt_text(task)}]
+        return [int(i) for i in self.tok.apply_chat_template(chat, add_generation_prompt=True)]
 
     def ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])

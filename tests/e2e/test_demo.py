@@ -32,6 +32,7 @@ pytestmark = pytest.mark.timeout(600)
 
 def run_demo(prefix: str, report_dir: Path) -> subprocess.CompletedProcess[str]:
     sets = {
+        "demo.policy": "tiny",
         "demo.prefix": prefix,
         "demo.report_dir": str(report_dir),
         "demo.budget_minutes": "1",

@@ -102,7 +102,8 @@ def test_up_twice_doctor_kill_down(stack_env: dict[str, str], prefix: str) -> No
         doctor = rollstream(stack_env, "doctor", "--json")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         report = json.loads(doctor.stdout)
-        assert [c["component"] for c in report] == ["kafka", "redis", "docker", "image", "topics"]
+        components = ["kafka", "redis", "docker", "image", "topics", "model"]
+        assert [c["component"] for c in report] == components
         assert all(c["healthy"] for c in report), report
 
         # Kafka dies: doctor says so in one clear line, with the log and the fix; no traceback.

@@ -32,7 +32,7 @@ def run_settings(settings: Settings, prefix: str) -> Settings:
         update={
             "topics": settings.topics.model_copy(update={"prefix": prefix}),
             "learner": settings.learner.model_copy(
-                update={"tiny_dim": 32, "tiny_layers": 1, "tiny_heads": 2, "max_seq_len": 256}
+                update={"tiny_dim": 32, "tiny_layers": 1, "tiny_heads": 2, "max_seq_len": 1024}
             ),
             "generator": settings.generator.model_copy(
                 update={"pacing": False, "max_new_tokens": 12, "seed": 0, "turn_timeout_s": 60}
@@ -77,7 +77,8 @@ async def test_multi_turn_episodes_through_the_sandbox(
         policy=s.learner.policy, version=0, step=0, uri=stored.uri, sha256=stored.sha256,
         size_bytes=stored.size_bytes,
     )  # fmt: skip
-    tasks = suites.get("pyfunc", group_size=2, max_turns=3).tasks("train")[:3]
+    # code tasks: public feedback_tests drive the observations, hidden tests the reward
+    tasks = suites.get("code", group_size=2, max_turns=3).tasks("train")[:3]
     producer = kafka.producer(s, "test-multiturn")
     await producer.start()
     try:
@@ -100,6 +101,22 @@ async def test_multi_turn_episodes_through_the_sandbox(
         check_episode(t)
     # a random policy fails: most episodes use every turn
     assert any(t.turns == 3 and t.finish_reason == "turn_limit" for t in trajs)
+    no_hidden_test_shown(trajs)
+
+
+def no_hidden_test_shown(trajs: list[Trajectory]) -> None:
+    """No hidden test (nor its expected value) reaches a prompt or an observation."""
+    from services.suites.code import records
+
+    hidden = {r.task_id: r.hidden for r in records()}
+    for t in trajs:
+        shown = "\n".join(m.content or "" for m in t.messages if m.role != "assistant")
+        assert "# sandbox: " in shown or t.turns == 1
+        for statement in hidden[t.task_id]:
+            assert statement not in shown, (t.task_id, statement)
+            expected = statement.rpartition("==")[2].strip()
+            if len(expected) > 6:  # a distinctive expected value, not `True` or `0`
+                assert expected not in shown, (t.task_id, expected)
 
 
 def check_episode(t: Trajectory) -> None:

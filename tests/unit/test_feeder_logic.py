@@ -15,7 +15,12 @@ from schemas.rollout import Task
 from schemas.sandbox import Outcome, VerifierSpec
 from services import suites
 from services.rollout import admission
-from services.rollout.sampler import GroupTally, SuiteSampler, adapt_multipliers
+from services.rollout.sampler import (
+    GroupTally,
+    SuiteSampler,
+    adapt_multipliers,
+    task_multiplier,
+)
 
 REGISTRY = default_registry()
 
@@ -162,6 +167,19 @@ def test_adapt_multipliers_lower_suites_that_teach_nothing() -> None:
     m = adapt_multipliers(history, floor=0.2)
     assert m["solved"] == 0.2
     assert m["mixed"] == pytest.approx(31 / 42)
+
+
+def test_tasks_without_learning_signal_are_skipped_more() -> None:
+    assert task_multiplier(1.0, False, 0.2) == 0.5 and task_multiplier(0.3, False, 0.2) == 0.2
+    assert task_multiplier(0.2, True, 0.2) == 1.0
+    s = SuiteSampler({"a": 1.0}, seed=5)
+    s.add_all([task(f"a{i}", "a") for i in range(4)])
+    s.task_multipliers = {"a0": 0.2, "a1": 0.2}
+    picks = Counter(t.task_id for t in (s.next() for _ in range(4000)) if t)
+    assert picks["a2"] > 2.5 * picks["a0"] and picks["a3"] > 2.5 * picks["a1"]
+    assert picks["a0"] > 0 and picks["a1"] > 0  # still sampled, less often
+    s.task_multipliers = {f"a{i}": 0.2 for i in range(4)}
+    assert s.next() is not None  # all of them skipped once: one is taken anyway
 
 
 # -- admission --------------------------------------------------------------------------

@@ -47,14 +47,29 @@ def test_ledger_counts_each_trajectory_once_with_reasons() -> None:
 
 
 def test_run_settings_fresh_prefix_and_overrides_only_where_unset() -> None:
-    base = load(["learner.batch_tokens=999", "demo.prefix=demo-x"])
+    base = load(["learner.batch_tokens=999", "demo.prefix=demo-x", "demo.policy=tiny"])
     s = run_settings(base)
     assert s.topics.prefix == "demo-x"
     assert s.learner.batch_tokens == 999  # set explicitly: the override stays out
-    assert s.learner.max_seq_len == int(base.demo.overrides["learner.max_seq_len"])
+    overrides = base.demo.overrides_for(s.learner.model)
+    assert s.learner.max_seq_len == int(overrides["learner.max_seq_len"])
     assert run_settings(load()).topics.prefix.startswith("demo-")
     with pytest.raises(ValueError, match="unknown setting"):
         run_settings(load(["demo.overrides=learner.nope=1"]))
+
+
+def test_the_demo_policy_picks_the_model_and_its_defaults() -> None:
+    from services.config import DEMO_OVERRIDES, PRETRAINED_DEMO_OVERRIDES
+
+    s = run_settings(load())
+    assert s.learner.model == "smollm2" and s.feeder.suites == {"code": 1.0}
+    assert s.feeder.adapt and s.learner.lr == float(PRETRAINED_DEMO_OVERRIDES["learner.lr"])
+    assert s.demo.eval_extra == {"humaneval": 40} and s.feeder.max_turns == 1
+    tiny = run_settings(load(["demo.policy=tiny"]))
+    assert tiny.learner.model == "tiny" and tiny.feeder.suites == {"arith": 0.85, "pyfunc": 0.15}
+    assert tiny.learner.batch_tokens == int(DEMO_OVERRIDES["learner.batch_tokens"])
+    assert run_settings(load(["learner.model=tiny"])).learner.model == "tiny"  # explicit wins
+    assert run_settings(load(["demo.two_turn=true"])).feeder.max_turns == 2
 
 
 def test_child_env_reproduces_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import pytest
 
 from schemas.arrays import unpack_i32
@@ -20,7 +21,11 @@ from services.rollout.toolcall import ToolCalling
 from services.settings import load
 
 EXACT = VerifierSpec(name="exact", answer="14", needs_sandbox=False)
-SANDBOXED = VerifierSpec(name="python_tests", tests="from solution import f\n")
+SANDBOXED = VerifierSpec(
+    name="python_tests",
+    tests="from solution import f\n",
+    feedback_tests="from solution import f\n\ndef test_0():\n    assert f() is None\n",
+)
 
 
 def task(**kw: Any) -> Task:
@@ -53,7 +58,9 @@ class ScriptedSampler:
     def max_seq_len(self) -> int:
         return self._max
 
-    async def turns(self, context: list[int], n: int) -> list[episode.Turn]:
+    async def turns(
+        self, context: list[int], n: int, stop: Sequence[str] = ()
+    ) -> list[episode.Turn]:
         self.contexts.append(list(context))
         text = self.texts.pop(0)
         ids = list(text.encode())
@@ -211,6 +218,45 @@ def test_multi_turn_observations_run_only_the_public_tests() -> None:
         assert "424242" not in (request.verifier.tests or "")
         assert not request.verifier.feedback_tests
     assert all("424242" not in (m.content or "") for m in traj.messages)
+
+
+def test_no_hidden_test_reaches_a_prompt_or_an_observation() -> None:
+    hidden = "assert f(41) == 'HIDDEN-EXPECTED-9731'"
+    spec = VerifierSpec(
+        name="python_tests",
+        tests=f"from solution import f\n\ndef test_0():\n    {hidden}\n",
+        feedback_tests="from solution import f\n\ndef test_0():\n    assert f(1) == 2\n",
+    )
+
+    class Echoing(FakeSandbox):
+        """A sandbox whose verdict quotes the tests it ran (like a failed assert would)."""
+
+        async def run(self, request: SandboxRequest, timeout_s: float) -> SandboxResult | None:
+            result = await super().run(request, timeout_s)
+            assert result is not None
+            return msgspec.structs.replace(result, detail=request.verifier.tests or "")
+
+    sampler = ScriptedSampler(["```python\ndef f(x): 0\n```"] * 3)
+    env = MultiTurn(context(sampler))
+    sandbox = Echoing([Outcome.FAILED, Outcome.FAILED])
+    env.client = sandbox  # type: ignore[assignment]
+    (traj,) = asyncio.run(env.group(task(group_size=1, max_turns=3, verifier=spec), "g"))
+    assert traj.turns == 3 and len(sandbox.requests) == 2
+    assert all(r.verifier.tests == spec.feedback_tests for r in sandbox.requests)
+    seen = [bytes(c).decode() for c in sampler.contexts] + [m.content or "" for m in traj.messages]
+    assert any("assert f(1) == 2" in text for text in seen)  # public failures are shown
+    assert not any("HIDDEN-EXPECTED-9731" in text or "f(41)" in text for text in seen)
+    assert traj.verifier == spec  # the dispatcher still scores with the hidden tests
+
+
+def test_without_public_tests_there_is_no_feedback_run() -> None:
+    sampler = ScriptedSampler(["```python\ndef f(): 0\n```", "unused"])
+    env = MultiTurn(context(sampler))
+    env.client = FakeSandbox([])  # type: ignore[assignment]
+    bare = VerifierSpec(name="python_tests", tests="from solution import f\n")
+    (traj,) = asyncio.run(env.group(task(group_size=1, max_turns=3, verifier=bare), "g"))
+    assert traj.turns == 1 and env.client.requests == []  # type: ignore[attr-defined]
+    assert traj.finish_reason == "stop"
 
 
 def test_multi_turn_timeout_ends_the_episode() -> None:

@@ -1,0 +1,154 @@
+"""Sampling speed of rollstream's sampler next to Hugging Face `generate`, on SmolLM2.
+
+    .venv/bin/python benchmarks/generation.py [--model smollm2] [--batch 8] \
+        [--lengths 64,128] [--rounds 3] [--threads 2]
+
+Every contender draws a batch of ``--batch`` completions of one chat prompt (a group), of
+exactly L new tokens (no early stop, so each does the same work), temperature 1, in
+interleaved rounds (A B C A B C ...: a machine shared with other work slows all alike);
+the table shows medians. tokens/s = batch x L / wall time. Peak RSS: the process's peak
+resident set during the call (VmHWM, reset before each call via /proc/self/clear_refs).
+
+- `hf generate fp32`: `model.generate(do_sample=True)` on the model as loaded (float32);
+- `hf generate bf16`: the same on a bfloat16 copy;
+- `rollstream fp32` / `rollstream bf16`: learner/decode.py with float32 / bfloat16 weights.
+
+Then the logprob mismatch: mean and max |logp_sampler - logp_fp32| per token, where
+logp_fp32 is the learner's float32 recomputation (`token_logprobs`) of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from learner.decode import Decoder, generate
+from learner.hf import HFPolicy
+
+PROMPT = [{"role": "user", "content": "Write a Python function add(a, b) that returns a + b."}]
+
+
+def reset_peak() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def hf_generate(model: Any, prompt: list[int], batch: int, length: int, pad: int) -> None:
+    ids = torch.tensor([prompt] * batch)
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
+                       temperature=1.0, max_new_tokens=length, min_new_tokens=length,
+                       pad_token_id=pad)  # fmt: skip
+
+
+def ours(dec: Decoder, prompt: list[int], batch: int, length: int) -> list[Any]:
+    return generate(dec, prompt, batch, max_new_tokens=length, eos_id=-1)
+
+
+def contenders(policy: HFPolicy, prompt: list[int], batch: int) -> dict[str, Callable[[int], Any]]:
+    fp32 = policy.model.eval()
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16).eval()
+    dec32, dec16 = Decoder(fp32, torch.float32), Decoder(fp32, torch.bfloat16)
+    pad = policy.pad_id
+    return {
+        "hf generate fp32": lambda n: hf_generate(fp32, prompt, batch, n, pad),
+        "hf generate bf16": lambda n: hf_generate(bf16, prompt, batch, n, pad),
+        "rollstream fp32": lambda n: ours(dec32, prompt, batch, n),
+        "rollstream bf16": lambda n: ours(dec16, prompt, batch, n),
+    }
+
+
+def timed(fn: Callable[[int], Any], length: int) -> tuple[float, float, Any]:
+    reset_peak()
+    t0 = time.perf_counter()
+    out = fn(length)
+    return time.perf_counter() - t0, peak_mb(), out
+
+
+def mismatch(policy: HFPolicy, prompt: list[int], completions: list[Any]) -> tuple[float, float]:
+    gaps = []
+    for c in completions:
+        ids = torch.tensor([prompt + c.tokens])
+        with torch.no_grad():
+            logp, _ = policy.token_logprobs(ids)
+        gaps.append((logp[0, len(prompt) - 1 :] - torch.tensor(c.logprobs)).abs())
+    gap = torch.cat(gaps)
+    return float(gap.mean()), float(gap.max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lengths", default="64,128")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from services.infra.models import resolve
+    from services.settings import load
+
+    path = resolve(args.model, load().stack.cache_dir)
+    assert path is not None, "a pretrained model is needed (not tiny)"
+    policy = HFPolicy.from_path(path, dtype="float32")
+    tok = policy.tokenizer
+    prompt = list(tok.apply_chat_template(PROMPT, add_generation_prompt=True))
+    params = sum(p.numel() for p in policy.model.parameters()) / 1e6
+    print(f"# generation benchmark: {args.model} ({params:.0f}M params), torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
+          f"prompt {len(prompt)} tokens, {args.rounds} interleaved rounds (medians)")  # fmt: skip
+    run = contenders(policy, prompt, args.batch)
+    for fn in run.values():
+        fn(4)  # warm-up: first-call allocations and kernel selection
+    lengths = [int(x) for x in args.lengths.split(",")]
+    secs: dict[tuple[str, int], list[float]] = {(k, n): [] for k in run for n in lengths}
+    rss: dict[tuple[str, int], list[float]] = {(k, n): [] for k in run for n in lengths}
+    last: dict[tuple[str, int], Any] = {}
+    for _ in range(args.rounds):
+        for n in lengths:
+            for name, fn in run.items():
+                s, mb, out = timed(fn, n)
+                secs[name, n].append(s)
+                rss[name, n].append(mb)
+                last[name, n] = out
+    report(args.batch, lengths, run, secs, rss)
+    print("\n## behaviour logprobs vs the learner's float32 recomputation (per token)\n")
+    print("| sampler | mean abs diff | max abs diff |")
+    print("|---|---|---|")
+    for name in ("rollstream fp32", "rollstream bf16"):
+        mean, top = mismatch(policy, prompt, last[name, lengths[0]])
+        print(f"| {name} | {mean:.2e} | {top:.2e} |")
+
+
+def report(batch: int, lengths: list[int], run: dict[str, Any], secs: Any, rss: Any) -> None:
+    print("\n| sampler | new tokens | tokens/s | x hf generate fp32 | peak RSS MB |")
+    print("|---|---|---|---|---|")
+    for n in lengths:
+        base = batch * n / statistics.median(secs["hf generate fp32", n])
+        for name in run:
+            tps = batch * n / statistics.median(secs[name, n])
+            print(f"| {name} | {n} | {tps:.1f} | {tps / base:.2f} | "
+                  f"{statistics.median(rss[name, n]):.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

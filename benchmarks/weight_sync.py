@@ -1,0 +1,93 @@
+"""Weight sync of a pretrained model (SmolLM2-135M): publish -> fetch -> swap, per weight
+store and publish dtype, in one run (`benchmarks/learner.py --model smollm2` runs this).
+
+    .venv/bin/python benchmarks/weight_sync.py [--model smollm2] [--repeats 3]
+
+- publish: the learner's snapshot in the publish dtype (learner/publish.py) + `store.put`
+  (safetensors, sha256, write: Redis chunks, or a file written, fsynced and renamed);
+- fetch: `store.get` (read or map, verify sha256, tensors);
+- swap: the generator's `load_weights` into its running float32 HFPolicy plus the repack of
+  its sampling weights (learner/decode.py) that the next sample would do.
+The announcement on Kafka (milliseconds, measured by benchmarks/learner.py) is not included.
+Medians of --repeats; the fp32 rows are today's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from learner.hf import HFPolicy
+from learner.publish import snapshot
+from learner.weights import DirWeightStore, RedisWeightStore
+
+
+def one(store: Any, src: HFPolicy, dst: HFPolicy, dtype: str, version: int) -> list[float]:
+    t0 = time.perf_counter()
+    ref = store.put(version, snapshot(src, dtype))
+    t1 = time.perf_counter()
+    state = store.get(ref.uri, ref.sha256)
+    t2 = time.perf_counter()
+    dst.load_weights(state)
+    dst.decoder()
+    t3 = time.perf_counter()
+    return [t1 - t0, t2 - t1, t3 - t2, ref.size_bytes / 1e6]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    run(args.model, args.repeats, args.threads)
+
+
+def run(model: str, repeats: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    from services.infra.models import resolve
+    from services.settings import load
+
+    settings = load()
+    path = resolve(model, settings.stack.cache_dir)
+    assert path is not None, "a pretrained model is needed (not tiny)"
+    src = HFPolicy.from_path(path, dtype="float32")
+    dst = HFPolicy.from_path(path, dtype="float32", sample_dtype="auto")
+    params = sum(p.numel() for p in src.parameters()) / 1e6
+    print(f"\n## weight sync, {model} ({params:.0f}M params): publish -> fetch -> swap "
+          f"(median ms of {repeats})\n")  # fmt: skip
+    print("| store | dtype | blob MB | publish | fetch | swap | total |")
+    print("|---|---|---|---|---|---|---|")
+    ns = f"rollstream:bench{uuid.uuid4().hex[:8]}:weights"
+    with tempfile.TemporaryDirectory(prefix="rollstream-sync-") as tmp:
+        redis = RedisWeightStore.from_url(settings.redis.endpoint, "bench", namespace=ns, keep=1)
+        stores: dict[str, Any] = {"dir": DirWeightStore(tmp, "bench", keep=1), "redis": redis}
+        version = 0
+        for name, store in stores.items():
+            for dtype in ("float32", "bfloat16"):
+                rows = []
+                for _ in range(repeats):
+                    rows.append(one(store, src, dst, dtype, version))
+                    version += 1
+                pub, fet, swp = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
+                print(f"| {name} | {dtype} | {rows[0][3]:.0f} | {pub:.0f} | {fet:.0f} | "
+                      f"{swp:.0f} | {pub + fet + swp:.0f} |", flush=True)  # fmt: skip
+        client = redis.r
+        keys = list(client.scan_iter(f"{ns}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+if __name__ == "__main__":
+    main()

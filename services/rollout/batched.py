@@ -1,0 +1,117 @@
+"""Completions of many tasks at once, for evaluation: prompts of several tasks left-padded
+into one batch and decoded together with a KV cache (Hugging Face `generate`), each row
+stopped at its end-of-sequence token or at the task's stop string
+(services/rollout/stops.py). The tiny policy samples task by task.
+
+No behaviour logprobs are recorded (nothing here is trained on): this is for `rollstream
+eval` and the demo's held-out evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.rollout import Task
+from services.rollout.stops import stop_at, stop_strings, truncate
+
+
+@dataclass
+class Drawn:
+    """One completion (the shape of learner.sampling.Completion, without logprobs)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class Decoding:
+    max_new_tokens: int
+    temperature: float = 0.0
+    """0: greedy."""
+    top_p: float = 1.0
+    seed: int = 0
+    batch: int = 16
+    """Rows decoded together (prompts x samples)."""
+
+
+def complete(
+    policy: Any, codec: Any, tasks: Sequence[Task], n: int, how: Decoding
+) -> list[list[Drawn]]:
+    """`n` completions of every task (greedy when `how.temperature` is 0), cut at stops."""
+    if n < 1 or not tasks:
+        return [[] for _ in tasks]
+    if getattr(policy, "model", None) is None or not hasattr(codec, "tok"):
+        return [_one_by_one(policy, codec, t, n, how) for t in tasks]
+    import torch
+
+    torch.manual_seed(how.seed)
+    out: list[list[Drawn]] = [[] for _ in tasks]
+    per_batch = max(1, how.batch // n)
+    order = sorted(range(len(tasks)), key=lambda i: len(codec.prompt_ids(tasks[i])))
+    for start in range(0, len(order), per_batch):
+        chunk = order[start : start + per_batch]
+        rows = _generate(policy, codec, [tasks[i] for i in chunk], n, how)
+        for j, i in enumerate(chunk):
+            out[i] = rows[j * n : (j + 1) * n]
+    return out
+
+
+def _one_by_one(policy: Any, codec: Any, task: Task, n: int, how: Decoding) -> list[Drawn]:
+    import torch
+
+    rng = torch.Generator().manual_seed(how.seed)
+    drawn = policy.sample(
+        codec.prompt_ids(task), n, max_new_tokens=how.max_new_tokens,
+        temperature=how.temperature, top_p=how.top_p, generator=rng,
+    )  # fmt: skip
+    stops = stop_strings(task)
+    return [truncate(Drawn(list(c.tokens), [], c.finish_reason), codec.text, stops) for c in drawn]
+
+
+def _generate(policy: Any, codec: Any, tasks: list[Task], n: int, how: Decoding) -> list[Drawn]:
+    import torch
+
+    prompts = [codec.prompt_ids(t) for t in tasks]
+    width = max(len(p) for p in prompts)
+    pad = policy.pad_id
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    stops = [stop_strings(t) for t in tasks for _ in range(n)]
+    kwargs: dict[str, Any] = {"do_sample": False}
+    if how.temperature > 0:
+        kwargs = {"do_sample": True, "temperature": how.temperature, "top_p": how.top_p,
+                  "top_k": 0}  # fmt: skip
+    from transformers import StoppingCriteriaList
+
+    model = policy.model
+    criteria = StoppingCriteriaList([_StopStrings(codec, stops, width)])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=how.max_new_tokens,
+            num_return_sequences=n, eos_token_id=policy.eos_id, pad_token_id=pad,
+            stopping_criteria=criteria, **kwargs,
+        )  # fmt: skip
+    rows: list[Drawn] = []
+    for row, row_stops in zip(out[:, width:].tolist(), stops, strict=True):
+        end = row.index(policy.eos_id) + 1 if policy.eos_id in row else len(row)
+        reason = "stop" if policy.eos_id in row else "length"
+        rows.append(truncate(Drawn(row[:end], [], reason), codec.text, row_stops))
+    return rows
+
+
+class _StopStrings:
+    """A transformers StoppingCriteria: per row, done once its new text holds a stop."""
+
+    def __init__(self, codec: Any, stops: list[tuple[str, ...]], width: int) -> None:
+        self.codec, self.stops, self.width = codec, stops, width
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        new = input_ids[:, self.width :].tolist()
+        done = [bool(s) and stop_at(self.codec.text(r), s) is not None
+                for r, s in zip(new, self.stops, strict=True)]  # fmt: skip
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
