@@ -43,11 +43,16 @@ def _free_port() -> int:
 
 
 def chaos_settings(settings: Settings) -> Settings:
-    """The demo's settings for a fresh `chaos-...` prefix, on a stack of its own."""
+    """The demo's settings for a fresh `chaos-...` prefix, on a stack of its own, with the
+    tiny policy unless demo.policy is set explicitly (the demo's default is SmolLM2, far
+    too slow on a small machine for kills every few seconds to mean anything)."""
     from services.demo import run_settings
 
     prefix = time.strftime("chaos-%Y%m%d-%H%M%S")
-    demo = settings.demo.model_copy(update={"prefix": prefix})
+    update: dict[str, Any] = {"prefix": prefix}
+    if "policy" not in settings.demo.model_fields_set:
+        update["policy"] = "tiny"
+    demo = settings.demo.model_copy(update=update)
     s = run_settings(settings.model_copy(update={"demo": demo}))
     state = (settings.demo.report_dir / prefix / "state").resolve()
     kafka = s.kafka.model_copy(

@@ -6,7 +6,9 @@ the three topics are subscribed together, and faust's assignor gives partition p
 three, and of the group table's changelog, to the same worker.
 
 Delivery (DESIGN.md section 3): at-least-once, effectively once by id. The agent takes
-events in adaptive batches (`batch_max`); streams/dispatcher.py runs each batch's
+events in adaptive batches (`batch_max`, streams/intake.py: no event is held while the
+agent waits for the next, so a rebalance never waits on an unstaged batch);
+streams/dispatcher.py runs each batch's
 transitions in order, sends all their records, waits once for Kafka's acks, and only then
 updates the group table (its changelog is written after); offsets are acked after the
 batch. A dispatcher killed at any moment re-runs at most the batches after its last
@@ -25,7 +27,6 @@ back; partitions assigned again are recovered from the changelog.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from schemas import topics
 from streams import scoring
 from streams.dispatcher import Dispatcher
+from streams.intake import HOLD_S, Intake
 
 if TYPE_CHECKING:
     import faust
@@ -75,49 +77,16 @@ def build_app(
 
 
 def _batches(d: Dispatcher, most: int, depth: int, gather_s: float) -> Any:
-    """The agent: adaptive batches with manual acks, up to `depth` batches in flight.
-    Events are gathered while more are already queued, up to `most`; when the queue runs
-    dry the agent waits `gather_s` once for a trickle to gather (at most that much added
-    latency; a burst never waits). A batch is staged
-    (transitions run, records sent) and then settles in the background, strictly after
-    the batch before it (acks awaited, states stored, and only then its events acked),
-    while the agent stages the next ones: Kafka's round trip is off the latency path, and
-    offsets and the table still never move ahead of acked effects."""
+    """The agent: streams/intake.py over the stream with manual acks (adaptive batches,
+    up to `depth` in flight, settled in order; no event held while the agent waits)."""
 
     async def groups(stream: Any) -> None:
         manual = stream.noack()
-        queue = manual.channel.queue
-        pending: list[Any] = []
-        waited = False
-        async for event in manual.events():
-            pending.append(event)
-            if len(pending) < most and not queue.empty():
-                continue
-            if not waited and len(pending) < most and gather_s > 0:
-                waited = True  # once per batch: let a trickle gather (bounded latency)
-                await asyncio.sleep(gather_s)
-                if not queue.empty():
-                    continue
-            waited = False
-            batch = await d.stage(pending)
-            before = d.inflight[-1] if d.inflight else None
-            d.inflight.append(asyncio.ensure_future(_settle(d, manual, batch, pending, before)))
-            pending = []
-            while d.inflight and (len(d.inflight) > depth or d.inflight[0].done()):
-                await d.inflight.popleft()
+        intake = Intake(d, manual, most=most, depth=depth, gather_s=gather_s, hold_s=HOLD_S)
+        await intake.run(manual.events(), manual.channel.queue)
         await d.drain()
 
     return groups
-
-
-async def _settle(
-    d: Dispatcher, stream: Any, batch: Any, events: list[Any], before: Any | None
-) -> None:
-    if before is not None:
-        await before  # batches settle in order (a failed one fails those after it)
-    await d.settle(batch)
-    for event in events:
-        await stream.ack(event)
 
 
 def make_app(wiring: Wiring) -> faust.App:

@@ -89,6 +89,7 @@ def throughput_figures(rows: list[dict[str, Any]], t_kill: float, t_up: float) -
 def _start_demo(env: dict[str, str], prefix: str, report_dir: Path, log: Path) -> Any:
     sets = {
         "demo.prefix": prefix,
+        "demo.policy": "tiny",
         "demo.report_dir": str(report_dir),
         "demo.budget_minutes": "4",
         "demo.live": "false",

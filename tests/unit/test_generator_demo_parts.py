@@ -109,3 +109,12 @@ def test_binned_rewards_per_version() -> None:
     xs, ys = _binned({0: [1.0, 2], 1: [3.0, 2], 2: [0.0, 1]}, bins=100)
     assert xs == [0, 1, 2] and ys == [0.5, 1.5, 0.0]
     assert _binned({}) == ([], [])
+
+
+def test_chaos_runs_the_tiny_policy_unless_told_otherwise() -> None:
+    from services.chaos_stack import chaos_settings
+
+    s = chaos_settings(load())
+    assert s.learner.model == "tiny" and s.topics.prefix.startswith("chaos-")
+    assert s.feeder.suites == {"arith": 0.85, "pyfunc": 0.15}
+    assert chaos_settings(load(["demo.policy=smollm2"])).learner.model == "smollm2"
