@@ -34,6 +34,15 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[int | None, typer.Option(min=1, help="The first N tasks only.")] = None,
         batch: Annotated[int, typer.Option(min=1, help="Rows decoded together.")] = 16,
         prefix: Annotated[str | None, typer.Option(help="Topic prefix (topics.prefix).")] = None,
+        turns: Annotated[
+            int,
+            typer.Option(
+                min=1,
+                max=2,
+                help="2: greedy two-turn episodes with public-test feedback; "
+                "prints first-turn and final pass rates and their ratio.",
+            ),
+        ] = 1,
         as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     ) -> None:
         """Greedy pass@1 (binomial SE) and pass@k of a policy, judged in the sandbox tier."""
@@ -46,7 +55,7 @@ def register(app: typer.Typer) -> None:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("rollstream.eval").setLevel(logging.INFO)
         settings = settings_from(ctx, **{"topics.prefix": prefix})
-        req = evalcmd.EvalRequest(policy, suite, tasks, split, samples, limit, batch)
+        req = evalcmd.EvalRequest(policy, suite, tasks, split, samples, limit, batch, turns)
         try:
             fig = asyncio.run(evalcmd.run(settings, req))
         except ValueError as exc:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from schemas.rollout import Task
     from services.rollout.evaluate import EvalResult
+    from services.rollout.evaluate_turns import TurnsResult
     from services.settings import Settings
 
 
@@ -37,6 +38,9 @@ class EvalRequest:
     """The first N tasks only."""
     batch: int = 16
     """Rows (prompts x samples) decoded together."""
+    turns: int = 1
+    """2: greedy two-turn episodes with public-test feedback (services/rollout/
+    evaluate_turns.py): first-turn and final pass rates of the same tasks."""
 
 
 def load_tasks(settings: Settings, req: EvalRequest) -> list[Task]:
@@ -140,6 +144,13 @@ async def run(settings: Settings, req: EvalRequest) -> dict[str, Any]:
 
     torch.set_num_threads(settings.generator.torch_threads)
     tasks = load_tasks(settings, req)
+    if req.turns not in (1, 2):
+        raise ValueError(f"--turns {req.turns}: expected 1 or 2")
+    if req.turns == 2 and (req.samples or not all(t.verifier.needs_sandbox for t in tasks)):
+        raise ValueError(
+            "--turns 2 evaluates greedy episodes of sandboxed code tasks: no --samples, "
+            "and a suite or task file judged in the sandbox"
+        )
     policy, text, label = await load_policy(settings, req.policy)
     t0 = time.monotonic()
     if not any(t.verifier.needs_sandbox for t in tasks):
@@ -147,18 +158,42 @@ async def run(settings: Settings, req: EvalRequest) -> dict[str, Any]:
         result = await evaluate.evaluate(
             policy, text, tasks, judge, settings, req.samples, req.batch
         )
-    else:
-        from services.sandbox_wiring import docker_sandbox
+        return figures(result, label, req, time.monotonic() - t0, settings)
+    from services.sandbox_wiring import docker_sandbox
 
-        sandbox = await docker_sandbox(settings, f"{settings.topics.prefix}-eval")
-        try:
-            judge = evaluate.sandbox_judge(settings, sandbox)
-            result = await evaluate.evaluate(
-                policy, text, tasks, judge, settings, req.samples, req.batch
+    sandbox = await docker_sandbox(settings, f"{settings.topics.prefix}-eval")
+    try:
+        if req.turns == 2:
+            from services.rollout import evaluate_turns
+
+            run = evaluate_turns.sandbox_run(settings, sandbox)
+            turns = await evaluate_turns.evaluate_two_turns(
+                policy, text, tasks, run, settings, req.batch
             )
-        finally:
-            await sandbox.close()
+            return turn_figures(turns, label, req, time.monotonic() - t0, settings)
+        judge = evaluate.sandbox_judge(settings, sandbox)
+        result = await evaluate.evaluate(
+            policy, text, tasks, judge, settings, req.samples, req.batch
+        )
+    finally:
+        await sandbox.close()
     return figures(result, label, req, time.monotonic() - t0, settings)
+
+
+def turn_figures(
+    r: TurnsResult, label: str, req: EvalRequest, seconds: float, settings: Settings
+) -> dict[str, Any]:
+    """The figures of a two-turn evaluation (what --json prints)."""
+    from services.rollout.evaluate import binomial_se
+
+    return {
+        "policy": label, "tasks": req.suite or str(req.tasks_file),
+        "split": req.split if req.suite else None, "n_tasks": r.tasks, "turns": 2,
+        "first_turn_pass": r.first_pass, "first_turn_se": binomial_se(r.first_pass, r.tasks),
+        "two_turn_pass": r.final_pass, "two_turn_se": binomial_se(r.final_pass, r.tasks),
+        "ratio": r.ratio, "second_turns": r.second_turns, "fixed": r.fixed, "broken": r.broken,
+        "seconds": round(seconds, 1), "max_new_tokens": settings.generator.max_new_tokens,
+    }  # fmt: skip
 
 
 def figures(
@@ -184,6 +219,16 @@ def table(fig: dict[str, Any]) -> Any:
     t = Table(title=f"{fig['policy']} on {fig['tasks']} ({fig['n_tasks']} tasks)", box=None)
     for col in ("metric", "value", "± SE"):
         t.add_column(col, justify="right" if col != "metric" else "left")
+    if fig.get("turns") == 2:
+        t.add_row("pass (greedy, first turn)", f"{fig['first_turn_pass']:.3f}",
+                  f"{fig['first_turn_se']:.3f}")  # fmt: skip
+        t.add_row("pass (greedy, after a second turn)", f"{fig['two_turn_pass']:.3f}",
+                  f"{fig['two_turn_se']:.3f}")  # fmt: skip
+        t.add_row("second turn / first turn", f"{fig['ratio']:.2f}", "")
+        t.add_row("second turns (fixed / broken)",
+                  f"{fig['second_turns']} ({fig['fixed']} / {fig['broken']})", "")  # fmt: skip
+        t.caption = f"{fig['seconds']} s, max_new_tokens {fig['max_new_tokens']} per turn"
+        return t
     t.add_row("pass@1 (greedy)", f"{fig['greedy_pass_at_1']:.3f}", f"{fig['greedy_se']:.3f}")
     for k, v in fig["pass_at_k"].items():
         se = "" if math.isnan(v["se"]) else f"{v['se']:.3f}"

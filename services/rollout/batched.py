@@ -41,45 +41,70 @@ def complete(
     policy: Any, codec: Any, tasks: Sequence[Task], n: int, how: Decoding
 ) -> list[list[Drawn]]:
     """`n` completions of every task (greedy when `how.temperature` is 0), cut at stops."""
-    if n < 1 or not tasks:
-        return [[] for _ in tasks]
+    prompts = [codec.prompt_ids(t) for t in tasks]
+    return complete_ids(policy, codec, prompts, [stop_strings(t) for t in tasks], n, how)
+
+
+def complete_ids(
+    policy: Any,
+    codec: Any,
+    prompts: Sequence[list[int]],
+    stops: Sequence[tuple[str, ...]],
+    n: int,
+    how: Decoding,
+) -> list[list[Drawn]]:
+    """`n` completions of every prompt (token ids: a first turn's prompt, or a later turn's
+    whole context), each cut at its row's stop strings."""
+    if n < 1 or not prompts:
+        return [[] for _ in prompts]
     if getattr(policy, "model", None) is None or not hasattr(codec, "tok"):
-        return [_one_by_one(policy, codec, t, n, how) for t in tasks]
+        return [
+            _one_by_one(policy, codec, p, s, n, how) for p, s in zip(prompts, stops, strict=True)
+        ]
     import torch
 
     torch.manual_seed(how.seed)
-    out: list[list[Drawn]] = [[] for _ in tasks]
+    out: list[list[Drawn]] = [[] for _ in prompts]
     per_batch = max(1, how.batch // n)
-    order = sorted(range(len(tasks)), key=lambda i: len(codec.prompt_ids(tasks[i])))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for start in range(0, len(order), per_batch):
         chunk = order[start : start + per_batch]
-        rows = _generate(policy, codec, [tasks[i] for i in chunk], n, how)
+        rows = _generate(
+            policy, codec, [prompts[i] for i in chunk], [stops[i] for i in chunk], n, how
+        )
         for j, i in enumerate(chunk):
             out[i] = rows[j * n : (j + 1) * n]
     return out
 
 
-def _one_by_one(policy: Any, codec: Any, task: Task, n: int, how: Decoding) -> list[Drawn]:
+def _one_by_one(
+    policy: Any, codec: Any, prompt: list[int], stops: tuple[str, ...], n: int, how: Decoding
+) -> list[Drawn]:
     import torch
 
     rng = torch.Generator().manual_seed(how.seed)
     drawn = policy.sample(
-        codec.prompt_ids(task), n, max_new_tokens=how.max_new_tokens,
+        prompt, n, max_new_tokens=how.max_new_tokens,
         temperature=how.temperature, top_p=how.top_p, generator=rng,
     )  # fmt: skip
-    stops = stop_strings(task)
     return [truncate(Drawn(list(c.tokens), [], c.finish_reason), codec.text, stops) for c in drawn]
 
 
-def _generate(policy: Any, codec: Any, tasks: list[Task], n: int, how: Decoding) -> list[Drawn]:
+def _generate(
+    policy: Any,
+    codec: Any,
+    prompts: list[list[int]],
+    prompt_stops: list[tuple[str, ...]],
+    n: int,
+    how: Decoding,
+) -> list[Drawn]:
     import torch
 
-    prompts = [codec.prompt_ids(t) for t in tasks]
     width = max(len(p) for p in prompts)
     pad = policy.pad_id
     ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    stops = [stop_strings(t) for t in tasks for _ in range(n)]
+    stops = [s for s in prompt_stops for _ in range(n)]
     kwargs: dict[str, Any] = {"do_sample": False}
     if how.temperature > 0:
         kwargs = {"do_sample": True, "temperature": how.temperature, "top_p": how.top_p,

@@ -59,3 +59,16 @@ async def test_eval_of_the_initial_model_in_the_sandbox(smollm2: Any, docker_cli
     fig = await evalcmd.run(s, req)
     assert fig["n_tasks"] == 3 and 0.0 <= fig["greedy_pass_at_1"] <= 1.0
     assert set(fig["pass_at_k"]) == {"1", "2"} and fig["policy"] == "smollm2 initial"
+
+
+async def test_two_turn_eval_of_the_initial_model_in_the_sandbox(
+    smollm2: Any, docker_client: Any
+) -> None:
+    from services import evalcmd
+
+    s, _ = smollm2
+    s = s.model_copy(update={"generator": s.generator.model_copy(update={"max_new_tokens": 64})})
+    fig = await evalcmd.run(s, evalcmd.EvalRequest(suite="code", limit=3, batch=6, turns=2))
+    assert fig["n_tasks"] == 3 and fig["turns"] == 2
+    assert 0.0 <= fig["first_turn_pass"] <= 1.0 and 0.0 <= fig["two_turn_pass"] <= 1.0
+    assert 0 <= fig["fixed"] <= fig["second_turns"] <= 3 and fig["broken"] <= fig["second_turns"]

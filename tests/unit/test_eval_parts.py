@@ -135,3 +135,27 @@ def test_figures_report_pass_at_k_up_to_the_samples() -> None:
                           1.0, load())  # fmt: skip
     assert list(fig["pass_at_k"]) == ["1", "2", "4"] and fig["greedy_se"] == 0.25
     assert evalcmd.table(fig).row_count == 4
+
+
+def test_two_turn_figures_and_table() -> None:
+    from services.rollout.evaluate_turns import tally
+
+    r = tally("code", [True, False, False, False], [True, True, False, False], [1, 2])
+    req = evalcmd.EvalRequest(suite="code", turns=2)
+    fig = evalcmd.turn_figures(r, "smollm2 initial", req, 1.0, load())
+    assert (fig["first_turn_pass"], fig["two_turn_pass"], fig["ratio"]) == (0.25, 0.5, 2.0)
+    assert (fig["second_turns"], fig["fixed"], fig["broken"]) == (2, 1, 0)
+    assert evalcmd.table(fig).row_count == 4
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        evalcmd.EvalRequest(suite="arith", turns=2),  # judged in process: no public tests
+        evalcmd.EvalRequest(suite="code", turns=2, samples=2),  # two-turn is greedy only
+        evalcmd.EvalRequest(suite="code", turns=3),
+    ],
+)
+def test_two_turn_eval_refuses_what_it_cannot_run(req: evalcmd.EvalRequest) -> None:
+    with pytest.raises(ValueError, match="--turns"):
+        asyncio.run(evalcmd.run(load(), req))
