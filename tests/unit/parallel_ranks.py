@@ -5,6 +5,7 @@ RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (rank 0 writes the final weights to OUT)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -91,4 +92,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Hard exit after the results are written, as the learner's ranks do: gloo's threads
+    # can abort the interpreter's teardown ("terminate called without an active exception").
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
