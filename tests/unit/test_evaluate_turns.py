@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from schemas.sandbox import Outcome, SandboxResult, VerifierSpec
 from services.rollout import evaluate_turns
 from services.rollout.evaluate_turns import evaluate_two_turns, needs_second_turn, tally
 from services.settings import load
+from tests.unit.test_generator_episodes import Codec  # the byte codec of the episode tests
 
 HIDDEN_VALUE = "HIDDEN-EXPECTED-9137"
 
@@ -32,17 +32,6 @@ def spec(task_id: str, public: bool = True) -> VerifierSpec:
 def task(task_id: str, public: bool = True) -> Task:
     return Task(task_id=task_id, suite="code", prompt=f"write f for {task_id}\n",
                 verifier=spec(task_id, public), group_size=1)  # fmt: skip
-
-
-class Codec:
-    def prompt_ids(self, task: Task) -> list[int]:
-        return self.ids(task.prompt or "")
-
-    def ids(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def text(self, ids: Sequence[int]) -> str:
-        return bytes(ids).decode()
 
 
 @dataclass
