@@ -20,9 +20,13 @@ duplicates through under SIGKILL, so it is not used.)
 
 The deadline timer runs outside any event, so it only *sends* a tick (with the plain
 producer of `Wiring.ticks`) for each due owned group; the agent handles it like any other
-event. On a rebalance the state of revoked partitions is dropped from memory (faust's
-memory store keeps locally written keys otherwise), so no stale group is ticked or comes
-back; partitions assigned again are recovered from the changelog.
+event. After a rebalance the state of partitions that moved away is dropped from memory
+(faust's memory store keeps locally written keys otherwise), so no stale group is ticked
+or comes back; retained partitions keep theirs (class Rebalances); partitions assigned
+again are recovered from the changelog. faust clears the agent's queue when a rebalance's
+recovery resumes the streams, after the new assignment's first events were fetched; those
+are kept (`keep_fetched_on_resume`), or their offsets would never be acked and the commit
+would stop below them for good.
 """
 
 from __future__ import annotations
@@ -82,11 +86,46 @@ def _batches(d: Dispatcher, most: int, depth: int, gather_s: float) -> Any:
 
     async def groups(stream: Any) -> None:
         manual = stream.noack()
+        keep_fetched_on_resume(stream.app, manual.channel.queue)
         intake = Intake(d, manual, most=most, depth=depth, gather_s=gather_s, hold_s=HOLD_S)
         await intake.run(manual.events(), manual.channel.queue)
         await d.drain()
 
     return groups
+
+
+def current_events(queued: Iterable[Any], generation: int) -> list[Any]:
+    """The queued events fetched in consumer generation `generation` (all others are
+    events of an earlier assignment, which faust skips anyway)."""
+    return [
+        e for e in queued if getattr(getattr(e, "message", None), "generation_id", -1) == generation
+    ]
+
+
+def keep_fetched_on_resume(app: Any, queue: Any) -> None:
+    """Make faust's clear-on-resume of the agent's queue keep the current assignment's
+    events (faust-streaming 0.15.3).
+
+    Every `flow_control.resume()` clears the agent queues, including the resume that ends a
+    rebalance's recovery (tables/recovery.py `_resume_streams`), which comes after stream
+    partitions were resumed and the fetcher had already queued the new assignment's first
+    events. Those events were never tracked, so nothing acks them: the events after them
+    are processed and acked, the commit stops below the gap for good, and the cleared
+    events are lost until the group's next restart (the scale-out test saw about 30 per
+    partition go missing this way). On a resume (flow active) only events of an earlier
+    generation are dropped, and blocked putters are left alone; the clear at revocation
+    (flow suspended; positions are reset at the next assignment) is faust's own."""
+    clear = queue.clear
+
+    def clear_stale() -> None:
+        if not app.flow_control.is_active():
+            clear()
+            return
+        kept = current_events(queue._queue, app.consumer_generation_id)
+        queue._queue.clear()
+        queue._queue.extend(kept)
+
+    queue.clear = clear_stale
 
 
 def make_app(wiring: Wiring) -> faust.App:
@@ -150,9 +189,11 @@ class TableStore:
     def items(self) -> Iterable[tuple[bytes, bytes]]:
         return list(self.table.data.items())
 
-    def drop(self, partitions: set[int]) -> int:
-        """Forget (in memory only) the keys this process wrote in `partitions`."""
-        gone = [k for k, p in self.partition_of.items() if p in partitions]
+    def keep(self, partitions: set[int]) -> int:
+        """Forget (in memory only) the keys this process wrote outside `partitions` (the
+        ones it owns now); returns how many. Keys of a retained partition stay: faust
+        re-reads only the tail of a retained partition's changelog after a rebalance."""
+        gone = [k for k, p in self.partition_of.items() if p not in partitions]
         for key in gone:
             self.table.data.pop(key, None)
             del self.partition_of[key]
@@ -183,16 +224,37 @@ def _sender(app: faust.App) -> Any:
     return send
 
 
+class Rebalances:
+    """What a rebalance does to the dispatcher's state (faust-free; `_rebalances` wires it).
+
+    aiokafka rebalances eagerly: every rebalance first revokes *all* of a worker's
+    partitions, then assigns the new set, and faust keeps a retained partition's table
+    rows, re-reading only the changelog written since its last recovery. So nothing is
+    dropped on revocation (that lost every group a retained partition had not written
+    since: redelivered members then formed a second, smaller group): once the new
+    assignment is known, only the keys of partitions that moved away are forgotten."""
+
+    def __init__(self, d: Dispatcher, store: TableStore, traj_topic: str) -> None:
+        self.d, self.store, self.traj_topic = d, store, traj_topic
+
+    async def revoked(self, revoked: Iterable[Any]) -> None:
+        await self.d.drain()  # the batch in flight stores its states first
+        self.d.forget()
+
+    async def assigned(self, assigned: Iterable[Any]) -> None:
+        self.store.keep({tp.partition for tp in assigned if tp.topic == self.traj_topic})
+        self.d.forget()
+
+
 def _rebalances(app: faust.App, d: Dispatcher, store: TableStore, traj_topic: str) -> None:
-    """Drop the state of revoked partitions; rebuild the deadline index after a move."""
+    """Forget the state of partitions that moved away; rebuild the deadline index."""
+    on = Rebalances(d, store, traj_topic)
 
     async def revoked(sender: Any, revoked: set[Any], **_: Any) -> None:
-        await d.drain()  # the batch in flight stores its states first
-        store.drop({tp.partition for tp in revoked if tp.topic == traj_topic})
-        d.forget()
+        await on.revoked(revoked)
 
     async def assigned(sender: Any, assigned: set[Any], **_: Any) -> None:
-        d.forget()
+        await on.assigned(assigned)
 
     app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(assigned)  # type: ignore[arg-type]

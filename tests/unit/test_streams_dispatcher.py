@@ -5,6 +5,7 @@ small table values for large groups, revoked partitions dropped, no ticks while 
 from __future__ import annotations
 
 import asyncio
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from schemas.claimcheck import ClaimCheck
 from schemas.rollout import ScoredTrajectory, Trajectory
 from schemas.sandbox import Outcome, SandboxRequest, SandboxResult
 from schemas.transport import DeadLetter
-from streams.app import TableStore
+from streams.app import Rebalances, TableStore, current_events, keep_fetched_on_resume
 from streams.config import DispatcherSettings
 from streams.dispatcher import _STATE, Dispatcher
 from streams.members import Score
@@ -22,6 +23,7 @@ from .test_streams_groups import result_for, score_result, traj
 
 P = "unit"
 TRAJ, RES, TICK = f"{P}.trajectories", f"{P}.sandbox.results", f"{P}.dispatcher-ticks"
+TP = namedtuple("TP", "topic partition")  # what faust's TP has that Rebalances reads
 
 
 @dataclass
@@ -210,17 +212,39 @@ async def test_group_of_64_with_100_kb_trajectories() -> None:
     assert all(len(r.trajectory.completion) > 100_000 for r in rewards)
 
 
-async def test_revoked_partitions_are_dropped_and_never_ticked() -> None:
+async def test_moved_partitions_are_dropped_and_never_ticked() -> None:
     d, table, sends, _ = dispatcher(request_deadline_s=1.0)
     mine, theirs = traj(group="mine", size=1), traj(group="theirs", size=1)
     await d.on_events([t_ev(mine, 0), t_ev(theirs, 1)])
-    assert isinstance(d.table, TableStore) and d.table.drop({1}) == 1
-    d.forget()
+    assert isinstance(d.table, TableStore)
+    on = Rebalances(d, d.table, TRAJ)
+    await on.revoked({TP(TRAJ, 0), TP(TRAJ, 1)})  # eager: every partition is revoked
+    assert set(table.data) == {b"mine", b"theirs"}, "nothing is dropped before the assignment"
+    await on.assigned({TP(TRAJ, 0), TP(TICK, 0), TP(TICK, 1)})  # partition 1 moved away
     assert set(table.data) == {b"mine"}
     far = mine.created_at + 1000
     assert d.due_keys(far) == [b"mine"]
     await d.on_events([Ev(b"theirs", b"", Meta(TICK, 1))])  # a tick for a group not ours
     assert len(sends.on("sandbox.requests")) == 2
+
+
+async def test_a_retained_partition_keeps_its_groups_across_rebalances() -> None:
+    """faust re-reads only the tail of a retained partition's changelog, so a group it
+    wrote before the last rebalance must stay in memory (dropped, its later members would
+    form a second, smaller group, emitted at its deadline with other advantages)."""
+    d, _, sends, _ = dispatcher()
+    a, b = traj(index=0, group="kept", size=2), traj(index=1, group="kept", size=2)
+    await d.on_events([t_ev(a, 0)])
+    assert isinstance(d.table, TableStore)
+    on = Rebalances(d, d.table, TRAJ)
+    for _ in range(2):  # two rebalances in a row, partition 0 retained by both
+        await on.revoked({TP(TRAJ, 0), TP(TRAJ, 1)})
+        await on.assigned({TP(TRAJ, 0)})
+    passed = [r_ev(result_for(t, Outcome.PASSED, 1, 1)) for t in (a, b)]
+    await d.on_events([t_ev(b, 0), *passed])
+    rewards = [await d.claim_check.unpack(v, ScoredTrajectory) for v in sends.on("rewards")]
+    assert sorted(r.trajectory.id for r in rewards) == sorted([a.id, b.id])
+    assert {r.group_size_scored for r in rewards} == {2}
 
 
 async def test_no_ticks_while_idle_and_the_tick_path_is_guarded() -> None:
@@ -259,3 +283,57 @@ async def test_a_staged_batch_stores_its_own_states_not_a_later_batchs() -> None
     assert len(state.members) == 1
     await d.settle(second)
     assert _STATE.decode(table.data[a.group_id.encode()]).emitted_at is not None
+
+
+@dataclass
+class _Msg:
+    generation_id: int
+
+
+@dataclass
+class _Ev:
+    message: _Msg
+
+
+class _Flow:
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+class _App:
+    def __init__(self, active: bool, generation: int) -> None:
+        self.flow_control, self.consumer_generation_id = _Flow(active), generation
+
+
+class _Queue:
+    """What faust's ThrowableQueue has that the workaround touches."""
+
+    def __init__(self, events: list[_Ev]) -> None:
+        self._queue, self.cleared = list(events), 0
+
+    def clear(self) -> None:
+        self.cleared += 1
+        self._queue.clear()
+
+
+def test_current_events_keeps_only_this_generation() -> None:
+    queued = [_Ev(_Msg(3)), _Ev(_Msg(4)), object(), _Ev(_Msg(4))]
+    assert current_events(queued, 4) == [queued[1], queued[3]]
+    assert current_events(queued, 5) == []
+
+
+def test_the_resume_clear_keeps_events_of_the_current_assignment() -> None:
+    """faust clears agent queues on every resume, also after the new assignment's first
+    events were fetched: those must survive (untracked, they were lost for good)."""
+    app = _App(active=True, generation=7)
+    stale, fresh = _Ev(_Msg(6)), [_Ev(_Msg(7)), _Ev(_Msg(7))]
+    queue = _Queue([stale, *fresh])
+    keep_fetched_on_resume(app, queue)
+    queue.clear()
+    assert queue._queue == fresh and queue.cleared == 0
+    app.flow_control.active = False  # suspended: the revocation's clear is faust's own
+    queue.clear()
+    assert queue._queue == [] and queue.cleared == 1

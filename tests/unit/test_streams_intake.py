@@ -44,6 +44,10 @@ class FakeDispatcher:
 class Queue:
     def __init__(self) -> None:
         self.queued = 0
+        self._queue: deque[Any] = deque()  # what streams.app.keep_fetched_on_resume filters
+
+    def clear(self) -> None:
+        self._queue.clear()
 
     def empty(self) -> bool:
         return self.queued == 0
@@ -57,6 +61,8 @@ class FakeStream:
     def __init__(self, bursts: list[list[int]]) -> None:
         self.bursts = bursts
         self.channel = type("Channel", (), {"queue": Queue()})()
+        flow = type("Flow", (), {"is_active": lambda self: True})()
+        self.app = type("App", (), {"flow_control": flow, "consumer_generation_id": 1})()
         self.acked: list[int] = []
         self.handed = 0
         self.all_acked = asyncio.Event()
