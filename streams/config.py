@@ -36,12 +36,12 @@ class DispatcherSettings(Section):
     batch_max: int = Field(default=1000, ge=1, le=10000)
     """Most events handled per batch: the events already queued when the agent is free
     (all their sends share one wait for Kafka's acks; none is waited for)."""
-    batch_gather_s: float = Field(default=0.003, ge=0, le=0.1)
+    batch_gather_s: float = Field(default=0.0, ge=0, le=0.1)
     """When no more events are queued, wait this long once for a trickle to join the
     batch (0: never wait; a lone event is then a batch of one). benchmarks/dispatcher.py
-    measured 0.44x the plain loop at 0 against 0.18x at 0.003 s, but at 0 a dispatcher
-    scale-out (tests/integration/test_dispatcher_scale.py) stalled twice in three runs: the
-    default stays until that stall is understood."""
+    measured 0.44x the plain loop at 0 against 0.18x at 0.003 s. (The scale-out stalls once
+    seen at 0 were faust's clear-on-resume losing fetched events: streams/app.py
+    keep_fetched_on_resume.)"""
     batches_in_flight: int = Field(default=4, ge=1, le=64)
     """Batches sent but not yet acked at once (they settle in order)."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
