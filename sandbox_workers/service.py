@@ -10,7 +10,7 @@ match: after a SIGKILL and restart no result is lost or repeated. On top, reques
 attempt are remembered in Redis after each commit, so a request published twice upstream
 is answered once. Undecodable requests go to the DLQ (in the same transactions).
 SIGTERM/SIGINT: stop consuming, let in-flight jobs finish for `shutdown_grace_s`,
-publish what finished, leave the rest uncommitted for another worker, remove the pool.
+remove the pool, publish what finished, leave the rest uncommitted for another worker.
 
 The Kafka side is a `ports.WorkerIO` (services/sandbox_wiring.py: services/kafka.py's
 transactional producer and read_committed group consumer), the claim check a
@@ -210,6 +210,16 @@ class SandboxWorker:
         for entry in dropped:  # not committed: the next owner answers them
             self._unclaim(entry)
 
+    async def _end_jobs(self, timeout_s: float) -> None:
+        """Let every running job finish for up to timeout_s, cancel the rest (their records
+        stay uncommitted; `drain` then drops them from the outbox)."""
+        running = list(self.tasks)
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
     def _start(self, record: Incoming) -> None:
         tp = (record.topic, record.partition)
         entry = self.outbox.add(tp, record.offset)
@@ -235,7 +245,11 @@ class SandboxWorker:
                 await self._consume(stop)
             finally:
                 stop.set()
-                await self.drain(self.section.shutdown_grace_s)
+                await self._end_jobs(self.section.shutdown_grace_s)
+                # No job needs a container any more: remove them before any Kafka work,
+                # which can outlast a supervisor's stop grace when the brokers stop too.
+                await self.sandbox.close()
+                await self.drain(0)
                 await flusher
         log.info("sandbox worker %s stopped after %d transactions", self.worker_id, self.commits)
         if self.fatal:

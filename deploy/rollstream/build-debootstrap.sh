@@ -45,14 +45,24 @@ if [ ! -f "$TREE/.complete" ]; then
   rm -rf "$TREE" && mv "$TREE.partial" "$TREE"
 fi
 rel() { printf '%s' "${1#/}"; }
+# The venv keeps its own absolute path. When it is the checkout's own .venv (the default),
+# it comes with the checkout's tree and is kept out of the /opt/rollstream rename.
+if [ "$VENV" = "$(cd "$REPO" && pwd -P)/.venv" ]; then
+  VENV_MEMBER= ; VENV_EXCLUDE=@none@
+else
+  VENV_MEMBER=$(rel "$VENV") ; VENV_EXCLUDE="$(rel "$REPO")/.venv"
+fi
 echo "importing $TAG: $TREE + $PYPREFIX + $VENV + $REPO -> /opt/rollstream" >&2
+# shellcheck disable=SC2086 # VENV_MEMBER is empty or one path without spaces
 tar -cf - --numeric-owner \
     --exclude=./.complete -C "$TREE" . \
     --exclude="$(rel "$REPO")/.git" --exclude="$(rel "$REPO")/runs" \
-    --exclude="$(rel "$REPO")/.venv" --exclude="$(rel "$REPO")/.mypy_cache" \
+    --exclude="$VENV_EXCLUDE" --exclude="$(rel "$REPO")/.mypy_cache" \
+    --transform="s,^$(rel "$VENV"),@venv@," \
     --transform="s,^$(rel "$REPO"),opt/rollstream," \
+    --transform="s,^@venv@,$(rel "$VENV")," \
     --transform="s,^$(rel "$KAFKA_LIB"),opt/kafka/lib," \
-    -C / "$(rel "$PYPREFIX")" "$(rel "$VENV")" "$(rel "$REPO")" "$(rel "$KAFKA_LIB")" \
+    -C / "$(rel "$PYPREFIX")" $VENV_MEMBER "$(rel "$REPO")" "$(rel "$KAFKA_LIB")" \
   | docker import \
     --change "ENV PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     --change "ENV PYTHONPATH=/opt/rollstream PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 KAFKA_LIB=/opt/kafka/lib" \
