@@ -194,31 +194,25 @@ class SandboxWorker:
             await asyncio.sleep(1.0)
 
     async def drain(self, timeout_s: float, partitions: list[Partition] | None = None) -> None:
-        """Let in-flight jobs (of `partitions`, or all) finish for up to timeout_s, publish
-        what finished, cancel the rest (they stay uncommitted and are redelivered)."""
-        mine = [t for t, p in self.tasks.items() if partitions is None or p in partitions]
-        if mine:
-            await asyncio.wait(mine, timeout=timeout_s)
+        """Let in-flight jobs (of `partitions`, or all) finish for up to timeout_s, cancel
+        the rest, publish what finished (the rest stays uncommitted and is redelivered)."""
+        await self._end_jobs(timeout_s, partitions)
         await self._flush_retrying()
-        for t in mine:
-            t.cancel()
-        if mine:
-            await asyncio.gather(*mine, return_exceptions=True)
         dropped = self.outbox.drop(
             partitions if partitions is not None else self.outbox.partitions()
         )
         for entry in dropped:  # not committed: the next owner answers them
             self._unclaim(entry)
 
-    async def _end_jobs(self, timeout_s: float) -> None:
-        """Let every running job finish for up to timeout_s, cancel the rest (their records
-        stay uncommitted; `drain` then drops them from the outbox)."""
-        running = list(self.tasks)
-        if running:
-            await asyncio.wait(running, timeout=timeout_s)
-        for t in running:
+    async def _end_jobs(self, timeout_s: float, partitions: list[Partition] | None = None) -> None:
+        """Let the running jobs (of `partitions`, or all) finish for up to timeout_s, cancel
+        the rest (their records stay unfinished in the outbox until `drain` drops them)."""
+        mine = [t for t, p in self.tasks.items() if partitions is None or p in partitions]
+        if mine:
+            await asyncio.wait(mine, timeout=timeout_s)
+        for t in mine:
             t.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*mine, return_exceptions=True)
 
     def _start(self, record: Incoming) -> None:
         tp = (record.topic, record.partition)
