@@ -26,7 +26,9 @@ or comes back; retained partitions keep theirs (class Rebalances); partitions as
 again are recovered from the changelog. faust clears the agent's queue when a rebalance's
 recovery resumes the streams, after the new assignment's first events were fetched; those
 are kept (`keep_fetched_on_resume`), or their offsets would never be acked and the commit
-would stop below them for good.
+would stop below them for good. The fetcher hands a record to the agent's queue in place
+when that does not suspend (streams/handoff.py: faust's per-record `wait_first` made four
+tasks per record).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from schemas import topics
 from streams import scoring
 from streams.dispatcher import Dispatcher
+from streams.handoff import fast_handoff
 from streams.intake import HOLD_S, Intake
 
 if TYPE_CHECKING:
@@ -59,13 +62,14 @@ def build_app(
     # internal: faust creates the ticks topic (existing topics are left as they are).
     events = _raw_topic(app, (*names, tick_name), parts, internal=True)
     table = app.Table("groups", default=None, key_type=bytes, value_type=bytes, partitions=parts)
-    store = TableStore(table)
+    send = _sender(app)
+    store = TableStore(table, send, table.changelog_topic.get_topic_name())
     d = Dispatcher(
         section=section,
         prefix=prefix,
         claim_check=wiring.claim_check,
         table=store,
-        send=_sender(app),
+        send=send,
         flush=lambda: app.producer.flush(),
         score_result=scoring.score_result(rewards),
         score_inline=scoring.score_inline(rewards),
@@ -87,6 +91,7 @@ def _batches(d: Dispatcher, most: int, depth: int, gather_s: float) -> Any:
     async def groups(stream: Any) -> None:
         manual = stream.noack()
         keep_fetched_on_resume(stream.app, manual.channel.queue)
+        fast_handoff(stream.app.consumer)
         intake = Intake(d, manual, most=most, depth=depth, gather_s=gather_s, hold_s=HOLD_S)
         await intake.run(manual.events(), manual.channel.queue)
         await d.drain()
@@ -163,28 +168,31 @@ def make_app(wiring: Wiring) -> faust.App:
 class TableStore:
     """streams.dispatcher.GroupStore on a faust Table: writes name their changelog
     partition (the event's, since a batch holds events of several partitions) and are
-    remembered by partition, so a revoked partition's keys can be dropped."""
+    remembered by partition, so a revoked partition's keys can be dropped.
 
-    def __init__(self, table: Any) -> None:
-        self.table = table
+    The changelog record goes straight through the app's producer (`send`), not through
+    faust's `send_changelog`: that queues every record in faust's producer buffer, a
+    task of its own and a `Topic.send_soon` per record (a memory store keeps no persisted
+    offsets, so its callback does nothing). Same topic, partition, key and value."""
+
+    def __init__(self, table: Any, send: Any, changelog: str) -> None:
+        self.table, self.send, self.changelog = table, send, changelog
         self.partition_of: dict[bytes, int] = {}
 
     def get(self, key: bytes) -> bytes | None:
         value = self.table.data.get(key)
         return value if isinstance(value, bytes) else None
 
-    def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
+    async def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
         """Set (None: delete) the key; returns the changelog record's delivery future."""
         if value is None:
             if self.table.data.pop(key, None) is None:
                 return None
             self.partition_of.pop(key, None)
-            return self.table.send_changelog(partition, key, None, value_serializer="raw")
-        self.table.data[key] = value
-        self.partition_of[key] = partition
-        return self.table.send_changelog(
-            partition, key, value, key_serializer="raw", value_serializer="raw"
-        )
+        else:
+            self.table.data[key] = value
+            self.partition_of[key] = partition
+        return await self.send(self.changelog, key, value, partition)
 
     def items(self) -> Iterable[tuple[bytes, bytes]]:
         return list(self.table.data.items())
@@ -215,11 +223,14 @@ def _raw_topic(
 
 
 def _sender(app: faust.App) -> Any:
-    """async (topic, key, value) -> delivery future: publish now, straight through the
-    app's producer (not as a faust attachment; none of faust's per-topic machinery)."""
+    """async (topic, key, value[, partition]) -> delivery future: publish now, straight
+    through the app's producer (not as a faust attachment; none of faust's per-topic
+    machinery). No partition: the producer's partitioner picks it from the key."""
 
-    async def send(topic: str, key: bytes | None, value: bytes | None) -> Any:
-        return await app.producer.send(topic, key, value, None, None, None)
+    async def send(
+        topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+    ) -> Any:
+        return await app.producer.send(topic, key, value, partition, None, None)
 
     return send
 

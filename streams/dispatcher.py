@@ -59,7 +59,7 @@ class GroupStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
+    async def put(self, key: bytes, partition: int, value: bytes | None) -> Any:
         """Set (None: delete) the key, writing the changelog to `partition`; returns an
         awaitable delivery of the changelog record (or None)."""
         ...
@@ -138,7 +138,7 @@ class Dispatcher:
         their changelog records acked, before the caller acks the batch's offsets)."""
         if batch.records:
             await retrying(lambda: self._deliver(batch), "publishing a batch")
-        stored = [f for f in self._commit(batch) if f is not None]
+        stored = [f for f in await self._commit(batch) if f is not None]
         if stored:  # the changelog is durable before the batch's offsets may move
             if self.flush is not None:
                 self.flushing = asyncio.ensure_future(self.flush())
@@ -252,10 +252,10 @@ class Dispatcher:
                 due = groups.next_due(state, self.policy)
                 batch.frozen.append((key, partition, _ENCODE.encode(state), due))
 
-    def _commit(self, batch: Batch) -> list[Any]:
+    async def _commit(self, batch: Batch) -> list[Any]:
         stored = []
         for key, partition, value, due in batch.frozen:
-            stored.append(self.table.put(key, partition, value))
+            stored.append(await self.table.put(key, partition, value))
             if value is None or due is None:
                 self.due.pop(key, None)
             else:

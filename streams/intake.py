@@ -63,6 +63,8 @@ class Intake:
         self.pending: list[Any] = []
         self.lock = asyncio.Lock()
         self.timer: asyncio.TimerHandle | None = None
+        self.last = 0.0
+        """Loop time the agent last took an event (the hold timer measures from it)."""
         self.held: asyncio.Future[None] | None = None
         self.failed: BaseException | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -81,19 +83,23 @@ class Intake:
 
     async def _consume(self, events: AsyncIterator[Any], queue: Queue) -> None:
         waited = False
+        clock = asyncio.get_running_loop().time
         async for event in events:
-            self._disarm()
+            self.last = clock()
             self.pending.append(event)
             if len(self.pending) < self.most and not queue.empty():
                 self._arm()
                 continue
             if not waited and len(self.pending) < self.most and self.gather_s > 0:
                 waited = True  # once per batch: let a trickle gather (bounded latency)
+                self._disarm()  # the agent is not waiting on the stream meanwhile
                 await asyncio.sleep(self.gather_s)
+                self.last = clock()
                 if not queue.empty():
                     self._arm()
                     continue
             waited = False
+            self._disarm()
             await self.flush()
         self._disarm()
         await self.flush()
@@ -128,9 +134,11 @@ class Intake:
             await self.acks.ack(event)
 
     def _arm(self) -> None:
-        """The agent is about to wait for a next event while holding a batch."""
+        """The agent is about to wait for a next event while holding a batch. One timer
+        per held batch, not one per event: when it fires while events still come, it
+        re-arms itself for `hold_s` after the latest one."""
         if self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(self.hold_s, self._on_hold)
+            self.timer = asyncio.get_running_loop().call_at(self.last + self.hold_s, self._on_hold)
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -139,6 +147,12 @@ class Intake:
 
     def _on_hold(self) -> None:
         self.timer = None
+        if not self.pending:
+            return  # staged meanwhile
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.last + self.hold_s:  # the agent took an event since
+            self.timer = loop.call_at(self.last + self.hold_s, self._on_hold)
+            return
         self.held = asyncio.ensure_future(self._flush_held())
 
     async def _flush_held(self) -> None:

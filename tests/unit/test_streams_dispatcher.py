@@ -23,6 +23,7 @@ from .test_streams_groups import result_for, score_result, traj
 
 P = "unit"
 TRAJ, RES, TICK = f"{P}.trajectories", f"{P}.sandbox.results", f"{P}.dispatcher-ticks"
+CHANGELOG = f"{P}.dispatcher-groups-changelog"
 TP = namedtuple("TP", "topic partition")  # what faust's TP has that Rebalances reads
 
 
@@ -68,12 +69,13 @@ class MemStore:
 
 @dataclass
 class FakeTable:
-    """What TableStore uses of a faust Table."""
+    """What TableStore uses of a faust Table (its data), and the changelog it is sent."""
 
     data: dict[bytes, bytes] = field(default_factory=dict)
     changelog: list[tuple[int, bytes, bytes | None]] = field(default_factory=list)
 
-    def send_changelog(self, partition: int, key: bytes, value: bytes | None, **_: Any) -> Any:
+    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int) -> Any:
+        assert topic == CHANGELOG
         self.changelog.append((partition, key, value))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -110,7 +112,7 @@ def dispatcher(**section: Any) -> tuple[Dispatcher, FakeTable, Sends, MemStore]:
         section=DispatcherSettings(**section),
         prefix=P,
         claim_check=ClaimCheck(blobs),
-        table=TableStore(table),
+        table=TableStore(table, table.send, CHANGELOG),
         send=sends,
         score_result=score_result,
         score_inline=None,  # type: ignore[arg-type]
@@ -147,9 +149,9 @@ async def test_batch_sends_then_acks_then_stores() -> None:
     stored_when: list[int] = []
     put = d.table.put
 
-    def spy(key: bytes, partition: int, value: bytes | None) -> Any:
+    async def spy(key: bytes, partition: int, value: bytes | None) -> Any:
         stored_when.append(sends.acked)
-        return put(key, partition, value)
+        return await put(key, partition, value)
 
     d.table.put = spy  # type: ignore[method-assign]
     await d.on_events([t_ev(t, partition=i % 2) for i, t in enumerate(members)])

@@ -62,7 +62,10 @@ class FakeStream:
         self.bursts = bursts
         self.channel = type("Channel", (), {"queue": Queue()})()
         flow = type("Flow", (), {"is_active": lambda self: True})()
-        self.app = type("App", (), {"flow_control": flow, "consumer_generation_id": 1})()
+        consumer = type("Consumer", (), {"callback": None, "wait_first": None})()
+        self.app = type(
+            "App", (), {"flow_control": flow, "consumer_generation_id": 1, "consumer": consumer}
+        )()
         self.acked: list[int] = []
         self.handed = 0
         self.all_acked = asyncio.Event()
@@ -127,3 +130,39 @@ async def test_a_batch_that_fails_to_stage_fails_the_agent() -> None:
     with pytest.raises(RuntimeError, match="cannot stage 3"):
         await run_agent(d, stream, 0.0)
     assert stream.acked == []
+
+
+class TrickleStream(FakeStream):
+    """Events `gap_s` apart, the queue always saying more is coming (a slow fetcher)."""
+
+    def __init__(self, n: int, gap_s: float) -> None:
+        super().__init__([list(range(n))])
+        self.gap_s = gap_s
+        self.staged_before: list[int] = []
+        """How many batches were staged when each event was handed out."""
+
+    async def events(self) -> AsyncIterator[int]:
+        self.channel.queue.queued = 1
+        for event in self.bursts[0]:
+            await asyncio.sleep(self.gap_s)
+            self.handed += 1
+            yield event
+        self.channel.queue.queued = 0
+
+
+async def test_events_that_keep_coming_stay_one_batch_past_the_hold_time() -> None:
+    d = FakeDispatcher()
+    stream = TrickleStream(12, 0.004)  # 48 ms in all, more than HOLD_S, gaps below it
+    agent = _batches(d, 1000, 4, 0.0)  # type: ignore[arg-type]
+    await asyncio.wait_for(agent(stream), timeout=5)
+    assert d.staged == [list(range(12))]
+    assert stream.acked == list(range(12))
+
+
+async def test_a_batch_held_past_the_hold_time_is_staged_while_the_agent_waits() -> None:
+    d = FakeDispatcher()
+    stream = TrickleStream(3, 0.06)  # each gap longer than HOLD_S
+    agent = _batches(d, 1000, 4, 0.0)  # type: ignore[arg-type]
+    await asyncio.wait_for(agent(stream), timeout=5)
+    assert d.staged == [[0], [1], [2]]  # each staged by the timer before the next came
+    assert stream.acked == [0, 1, 2]
