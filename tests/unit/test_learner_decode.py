@@ -150,3 +150,22 @@ def test_fast_decoder_calls_between_steps_and_samples_with_the_swapped_weights()
     assert not torch.allclose(torch.tensor(c.logprobs[3:]), want_old[3:], atol=1e-3)
     plain = policy.sample(PROMPT, 2, max_new_tokens=4, generator=g, version=3)
     assert all(p.versions == [3] * len(p.tokens) for p in plain)
+
+
+def test_draw_follows_the_distribution_and_never_draws_outside_the_nucleus() -> None:
+    from learner.sampling import draw
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 3.0]]).repeat(4, 1)
+    dist = nucleus_logprobs(logits, 1.0, 0.8)
+    outside = torch.isinf(dist[0])
+    assert outside.any()  # the test has tokens outside the nucleus
+    gen = torch.Generator().manual_seed(0)
+    n = 20_000
+    drawn = torch.cat([draw(dist, gen) for _ in range(n // 4)])
+    counts = torch.bincount(drawn, minlength=6).double() / n
+    assert counts[outside].sum() == 0
+    expected = dist[0].exp().double()
+    se = (expected * (1 - expected) / n).sqrt()
+    assert ((counts - expected).abs() <= 5 * se + 1e-12).all(), (counts, expected)
+    again = torch.cat([draw(dist, torch.Generator().manual_seed(0)) for _ in range(1)])
+    assert torch.equal(again, drawn[:4])  # a seeded generator reproduces the draws
