@@ -203,9 +203,15 @@ class Demo:
             tasks = suites.get(name).tasks("heldout")[:count]
             t0 = time.monotonic()
             r = await self._evaluate_suite(policy, text, tasks)
+            sampled = (
+                ""
+                if r.sampled_pass != r.sampled_pass
+                # nan: none sampled
+                else (f", sampled pass {r.sampled_pass:.3f}")
+            )
             self.say(
                 f"held-out {label:<6} {name:<9} ({r.tasks} tasks): greedy pass "
-                f"{r.greedy_pass:.3f} ± {r.greedy_se:.3f}, sampled pass {r.sampled_pass:.3f} "
+                f"{r.greedy_pass:.3f} ± {r.greedy_se:.3f}{sampled} "
                 f"({time.monotonic() - t0:.0f} s)"
             )
             out.append(r)

@@ -136,13 +136,18 @@ def _reward_panel(a: Any, report: Report) -> None:
     a.legend(fontsize=8)
 
 
+def _rate(x: float) -> str:
+    """A pass rate, or "n/a" when it was not measured (nan: demo.eval_samples 0)."""
+    return "n/a" if x != x else f"{x:.3f}"
+
+
 def markdown(report: Report, plot_path: Path | None) -> str:
     last = report.rows[-1] if report.rows else None
     lines = [f"# rollstream demo `{report.prefix}`", ""]
     lines += ["| held-out suite | greedy pass before | after | sampled pass before | after |",
               "|---|---|---|---|---|"]  # fmt: skip
     for suite, gb, ga, sb, sa in report.heldout_table():
-        lines.append(f"| {suite} | {gb:.3f} | {ga:.3f} | {sb:.3f} | {sa:.3f} |")
+        lines.append(f"| {suite} | {gb:.3f} | {ga:.3f} | {_rate(sb)} | {_rate(sa)} |")
     lines += ["", "| held-out suite | tasks | greedy pass@1 before ± SE | after ± SE "
               "| change / SE(before) |", "|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {' | '.join(line)} |" for line in report.heldout_lines()]

@@ -118,3 +118,12 @@ def test_chaos_runs_the_tiny_policy_unless_told_otherwise() -> None:
     assert s.learner.model == "tiny" and s.topics.prefix.startswith("chaos-")
     assert s.feeder.suites == {"arith": 0.85, "pyfunc": 0.15}
     assert chaos_settings(load(["demo.policy=smollm2"])).learner.model == "smollm2"
+
+
+def test_report_says_n_a_for_a_sampled_pass_not_measured() -> None:
+    nan = float("nan")
+    before = [EvalResult("code", 10, 0.2, nan, nan)]
+    after = [EvalResult("code", 10, 0.3, nan, nan)]
+    rep = Report("demo-n", 1.0, [], {}, before, after, {}, 1)
+    text = markdown(rep, None)
+    assert "| code | 0.200 | 0.300 | n/a | n/a |" in text and "nan" not in text
