@@ -28,7 +28,8 @@ recovery resumes the streams, after the new assignment's first events were fetch
 are kept (`keep_fetched_on_resume`), or their offsets would never be acked and the commit
 would stop below them for good. The fetcher hands a record to the agent's queue in place
 when that does not suspend (streams/handoff.py: faust's per-record `wait_first` made four
-tasks per record).
+tasks per record), and a batch's records go out as Kafka record batches, one delivery
+future per partition's batch (streams/batchsend.py), partitioned as aiokafka's `send` would.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from schemas import topics
 from streams import scoring
+from streams.batchsend import BatchSender
 from streams.dispatcher import Dispatcher
 from streams.handoff import fast_handoff
 from streams.intake import HOLD_S, Intake
@@ -70,6 +72,7 @@ def build_app(
         claim_check=wiring.claim_check,
         table=store,
         send=send,
+        send_many=BatchSender(lambda: app.producer._ensure_producer()),  # type: ignore[attr-defined]
         flush=lambda: app.producer.flush(),
         score_result=scoring.score_result(rewards),
         score_inline=scoring.score_inline(rewards),

@@ -88,6 +88,9 @@ class Dispatcher:
     """async (topic, key, value) -> awaitable delivery (the ack)."""
     score_result: groups.ScoreResult
     score_inline: groups.ScoreInline
+    send_many: Any = None
+    """async (records) -> their delivery futures, for a batch's records at once
+    (streams/batchsend.py); None: one `send` per record."""
     flush: Any = None
     """async () -> None: push every buffered record out now (the producer's linger only
     gathers a batch's records into few requests; None: rely on the linger). Started when
@@ -227,7 +230,10 @@ class Dispatcher:
 
     async def _issue(self, batch: Batch) -> None:
         if batch.acks is None:
-            batch.acks = [await self.send(topic, key, v) for topic, key, v in batch.records]
+            if self.send_many is not None:
+                batch.acks = await self.send_many(batch.records)
+            else:
+                batch.acks = [await self.send(topic, key, v) for topic, key, v in batch.records]
             if self.flush is not None:  # out now, not after the linger; not awaited here
                 self.flushing = asyncio.ensure_future(self.flush())
 
