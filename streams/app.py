@@ -57,7 +57,7 @@ def build_app(
     wiring: Wiring, section: DispatcherSettings, rewards: RewardsSettings
 ) -> tuple[faust.App, Dispatcher]:
     """The faust app of one run (topic prefix) with its agent, table and timer."""
-    app = make_app(wiring)
+    app = make_app(wiring, section.stream_buffer)
     parts, prefix = wiring.partitions, wiring.prefix
     tick_name = f"{app.conf.id}-ticks"
     names = (topics.TRAJECTORIES.full_name(prefix), topics.SANDBOX_RESULTS.full_name(prefix))
@@ -136,7 +136,7 @@ def keep_fetched_on_resume(app: Any, queue: Any) -> None:
     queue.clear = clear_stale
 
 
-def make_app(wiring: Wiring) -> faust.App:
+def make_app(wiring: Wiring, stream_buffer: int = 16384) -> faust.App:
     """The faust app (no agents yet): app id = the DISPATCHER consumer group of the run."""
     import faust
 
@@ -153,6 +153,7 @@ def make_app(wiring: Wiring) -> faust.App:
         # A batch's records gather into few produce requests; the dispatcher flushes
         # each batch at once, so the linger adds no latency to it.
         producer_linger_ms=20,
+        stream_buffer_maxsize=stream_buffer,
         consumer_auto_offset_reset="earliest",
         # No standby copies of other workers' partitions in this one's table: it holds
         # (and ticks) only the groups it owns; a moved partition recovers from the changelog.
