@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import threading
@@ -203,12 +204,8 @@ class Demo:
             tasks = suites.get(name).tasks("heldout")[:count]
             t0 = time.monotonic()
             r = await self._evaluate_suite(policy, text, tasks)
-            sampled = (
-                ""
-                if r.sampled_pass != r.sampled_pass
-                # nan: none sampled
-                else (f", sampled pass {r.sampled_pass:.3f}")
-            )
+            none_sampled = math.isnan(r.sampled_pass)
+            sampled = "" if none_sampled else f", sampled pass {r.sampled_pass:.3f}"
             self.say(
                 f"held-out {label:<6} {name:<9} ({r.tasks} tasks): greedy pass "
                 f"{r.greedy_pass:.3f} ± {r.greedy_se:.3f}{sampled} "

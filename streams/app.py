@@ -136,8 +136,9 @@ def keep_fetched_on_resume(app: Any, queue: Any) -> None:
     queue.clear = clear_stale
 
 
-def make_app(wiring: Wiring, stream_buffer: int = 16384) -> faust.App:
-    """The faust app (no agents yet): app id = the DISPATCHER consumer group of the run."""
+def make_app(wiring: Wiring, stream_buffer: int) -> faust.App:
+    """The faust app (no agents yet): app id = the DISPATCHER consumer group of the run;
+    `stream_buffer`: dispatcher.stream_buffer."""
     import faust
 
     datadir = wiring.state_dir / "dispatcher" / wiring.prefix

@@ -138,7 +138,7 @@ def _reward_panel(a: Any, report: Report) -> None:
 
 def _rate(x: float) -> str:
     """A pass rate, or "n/a" when it was not measured (nan: demo.eval_samples 0)."""
-    return "n/a" if x != x else f"{x:.3f}"
+    return "n/a" if math.isnan(x) else f"{x:.3f}"
 
 
 def markdown(report: Report, plot_path: Path | None) -> str:
