@@ -61,7 +61,12 @@ class HFCodec:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def text(self, ids: Sequence[int]) -> str:
-        return str(self.tok.decode(list(ids), skip_special_tokens=True))
+        # clean_up_tokenization_spaces (on in SmolLM2's tokenizer config) rewrites " ' "
+        # to "'" and " ," to ",": `return ' '.join(w)` would reach the sandbox as
+        # `return''.join(w)`. Code is text to keep byte for byte.
+        return str(
+            self.tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
 
 
 def for_policy(policy: Any) -> TextCodec:

@@ -77,3 +77,13 @@ def test_hot_swap_to_published_weights(smollm2_dir: Path, tmp_path: Path) -> Non
         for c in out:
             assert max_gap(published, prompt, c) < 1e-3
             assert max_gap(base, prompt, c) > 1e-2  # not the old weights
+
+
+def test_completion_text_keeps_code_byte_for_byte(smollm2_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from services.rollout.textcodec import HFCodec
+
+    codec = HFCodec(AutoTokenizer.from_pretrained(smollm2_dir))
+    code = "def f(words, n) :\n    return ' '.join(words) , n . real  # it 's , here ?\n"
+    assert codec.text(codec.ids(code)) == code
