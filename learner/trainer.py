@@ -34,6 +34,7 @@ class TrainConfig:
     minibatches: int
     temperature: float
     amp: bool
+    cpu_amp: bool
     loss: LossConfig
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas (no setting)."""
@@ -61,10 +62,21 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def autocast_dtype(device: torch.device, amp: bool) -> torch.dtype | None:
+def autocast_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> torch.dtype | None:
+    """bf16 where the device computes in it natively and the settings ask for it."""
     if amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
+    if cpu_amp and device.type == "cpu" and cpu_has_bf16():
+        return torch.bfloat16
     return None
+
+
+def cpu_has_bf16() -> bool:
+    """Whether oneDNN runs bf16 matmuls natively on this CPU (avx512_bf16, AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class Trainer:
@@ -91,7 +103,7 @@ class Trainer:
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
         )
-        self.amp_dtype = autocast_dtype(self.device, cfg.amp)
+        self.amp_dtype = autocast_dtype(self.device, cfg.amp, cfg.cpu_amp)
         self.steps = 0
 
     def _wrap(self) -> None:

@@ -80,3 +80,28 @@ def test_trains_and_round_trips_through_the_weight_store(model_dir: Path, tmp_pa
     clone.load_weights(DirWeightStore(tmp_path, "hf").get(ref.uri, ref.sha256))
     with torch.no_grad():
         torch.testing.assert_close(clone.token_logprobs(seq)[0], policy.token_logprobs(seq)[0])
+
+
+def test_cpu_amp_trains_in_bf16_with_float32_weights(model_dir: Path) -> None:
+    from learner.trainer import autocast_dtype, cpu_has_bf16
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype(cpu, amp=True, cpu_amp=False) is None
+    if not cpu_has_bf16():
+        assert autocast_dtype(cpu, amp=True, cpu_amp=True) is None
+        pytest.skip("this CPU has no native bf16")
+    assert autocast_dtype(cpu, amp=True, cpu_amp=True) is torch.bfloat16
+    policy = build_policy({"kind": "hf", "path": str(model_dir)})
+    trainer = Trainer(policy, train_config(LearnerSettings(lr=1e-2, cpu_amp=True)), cpu)
+    assert trainer.amp_dtype is torch.bfloat16
+    completion = np.array([10, 11, 12, 2], np.int32)
+    sample = Sample("t", "g", np.array([5, 6], np.int32), completion, advantage=1.0)
+    seq = torch.tensor([[5, 6, 10, 11, 12, 2]])
+    with torch.no_grad():
+        before = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    for _ in range(3):
+        trainer.step([sample])
+    assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
+    with torch.no_grad():
+        after = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    assert after > before
