@@ -96,10 +96,14 @@ async def watch(demo: DemoRun, budget_s: float) -> int:
 
 
 def _line(row: Row) -> str:
+    """The live status line. `consumed` is the learner's own announced count (trained,
+    dropped, masked); the ledger's `trained` lags until the learner flushes its outbox at a
+    checkpoint, so the line read `trained 0` for a whole demo."""
     return (
         f"t={row.t:.0f}s v{row.version} reward {_fmt(row.reward)} "
         f"{row.traj_per_s:.0f} traj/s published {row.trajectories} scored {row.scored} "
-        f"trained {row.trained} outstanding {row.outstanding} staleness {_fmt(row.staleness, 2)} "
+        f"consumed {row.samples_consumed} outstanding {row.outstanding} "
+        f"staleness {_fmt(row.staleness, 2)} "
         f"all-equal groups {_fmt(row.flat_groups, 2)} of {row.groups}"
     )
 

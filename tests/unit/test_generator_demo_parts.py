@@ -127,3 +127,14 @@ def test_report_says_n_a_for_a_sampled_pass_not_measured() -> None:
     rep = Report("demo-n", 1.0, [], {}, before, after, {}, 1)
     text = markdown(rep, None)
     assert "| code | 0.200 | 0.300 | n/a | n/a |" in text and "nan" not in text
+
+
+def test_live_line_counts_what_the_learner_announced_consumed() -> None:
+    from services.rollout.live import _line
+
+    s = RunStats(window_s=10)
+    s.on_weights(version=4, samples_consumed=96)
+    for i in range(120):
+        s.on_trajectory(now=100 + i * 0.01)
+    line = _line(s.row(now=102, t=2))  # no ledger entry yet: the outbox flushes later
+    assert "v4" in line and "consumed 96 outstanding 24" in line and "trained" not in line
