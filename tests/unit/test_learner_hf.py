@@ -61,25 +61,33 @@ def test_sampling_with_kv_cache_matches_training_logprobs(model_dir: Path) -> No
         torch.testing.assert_close(logp[0, 2:], torch.tensor(out.logprobs), atol=1e-4, rtol=1e-4)
 
 
+TRACE = Sample("t", "g", np.array([5, 6], np.int32), np.array([10, 11, 12, 2], np.int32), 1.0)
+"""A positively scored trace without behaviour logprobs (reward-weighted likelihood)."""
+TRACE_SEQ = torch.tensor([[5, 6, 10, 11, 12, 2]])
+
+
+def trace_logp(policy: Policy) -> float:
+    """Log-likelihood of TRACE's tokens under the policy."""
+    with torch.no_grad():
+        return float(policy.token_logprobs(TRACE_SEQ)[0][0, 1:].sum())
+
+
 def test_trains_and_round_trips_through_the_weight_store(model_dir: Path, tmp_path: Path) -> None:
     policy = build_policy({"kind": "hf", "path": str(model_dir)})
     trainer = Trainer(policy, train_config(LearnerSettings(lr=1e-2)), torch.device("cpu"))
-    completion = np.array([10, 11, 12, 2], np.int32)
-    sample = Sample("t", "g", np.array([5, 6], np.int32), completion, advantage=1.0)
-    seq = torch.tensor([[5, 6, 10, 11, 12, 2]])
-    with torch.no_grad():
-        before = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    before = trace_logp(policy)
     for _ in range(3):
-        res = trainer.step([sample])  # no behaviour logprobs: reward-weighted likelihood
+        res = trainer.step([TRACE])  # no behaviour logprobs: reward-weighted likelihood
     assert res.stats["rwl_loss"] > 0 and res.stats["ratio_mean"] == 0  # no IS tokens
-    with torch.no_grad():
-        after = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    after = trace_logp(policy)
     assert after > before  # a positively scored trace became more likely
     ref = DirWeightStore(tmp_path, "hf").put(1, policy.weights())
     clone = build_policy(policy.spec())
     clone.load_weights(DirWeightStore(tmp_path, "hf").get(ref.uri, ref.sha256))
     with torch.no_grad():
-        torch.testing.assert_close(clone.token_logprobs(seq)[0], policy.token_logprobs(seq)[0])
+        torch.testing.assert_close(
+            clone.token_logprobs(TRACE_SEQ)[0], policy.token_logprobs(TRACE_SEQ)[0]
+        )
 
 
 def test_cpu_amp_trains_in_bf16_with_float32_weights(model_dir: Path) -> None:
@@ -94,14 +102,9 @@ def test_cpu_amp_trains_in_bf16_with_float32_weights(model_dir: Path) -> None:
     policy = build_policy({"kind": "hf", "path": str(model_dir)})
     trainer = Trainer(policy, train_config(LearnerSettings(lr=1e-2, cpu_amp=True)), cpu)
     assert trainer.amp_dtype is torch.bfloat16
-    completion = np.array([10, 11, 12, 2], np.int32)
-    sample = Sample("t", "g", np.array([5, 6], np.int32), completion, advantage=1.0)
-    seq = torch.tensor([[5, 6, 10, 11, 12, 2]])
-    with torch.no_grad():
-        before = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    before = trace_logp(policy)
     for _ in range(3):
-        trainer.step([sample])
+        trainer.step([TRACE])
     assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
-    with torch.no_grad():
-        after = float(policy.token_logprobs(seq)[0][0, 1:].sum())
+    after = trace_logp(policy)
     assert after > before
