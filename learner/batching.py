@@ -75,6 +75,32 @@ def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def prefix_micro_batches(
+    lengths: Sequence[int], prefixes: Sequence[bytes], prefix_lens: Sequence[int], budget: int
+) -> list[list[int]]:
+    """Like `micro_batches`, but a micro-batch only holds items with one prefix (the same
+    `prefixes` key: a group's prompt), so a model can run that prefix once. Its cost is the
+    prefix once plus each row's tail padded to the longest: ``P + rows x (longest - P)``.
+    Groups come in order of first appearance; an item over the budget goes alone."""
+    by_key: dict[bytes, list[int]] = {}
+    for i, key in enumerate(prefixes):
+        by_key.setdefault(key, []).append(i)
+    out: list[list[int]] = []
+    for items in by_key.values():
+        items.sort(key=lambda i: (-lengths[i], i))
+        current: list[int] = []
+        for i in items:
+            p = prefix_lens[i]
+            longest = lengths[current[0]] if current else lengths[i]
+            if current and p + (len(current) + 1) * (longest - p) > budget:
+                out.append(current)
+                current = []
+            current.append(i)
+        if current:
+            out.append(current)
+    return out
+
+
 def split_even(items: Sequence[T], parts: int) -> list[list[T]]:
     """Split into ``parts`` contiguous, nearly equal groups (fewer if there are few items)."""
     parts = max(1, min(parts, len(items)))

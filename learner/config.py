@@ -69,6 +69,12 @@ class LearnerSettings(Section):
     elsewhere): a forward+backward of SmolLM2 on 8 x 250 tokens takes 10 s instead of 27 s
     on one core here, at bf16 precision of the learner's logprobs. Off by default: the tiny
     policy's small matmuls gain nothing from it."""
+    share_prompt: bool = True
+    """Micro-batches hold one prompt each (a group's samples share it), and a model that
+    can (the Hugging Face backend) runs that prompt once for all its rows: the same
+    logprobs and gradients as padding every row, with a group's prompt tokens computed
+    once instead of group_size times (SmolLM2 in bf16, 4 groups of 8 x (110 + 40..120)
+    tokens: 34 s -> 18 s a step on one core here)."""
     lr: float = Field(default=3e-4, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

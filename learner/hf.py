@@ -120,9 +120,41 @@ class HFPolicy(nn.Module):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        shared_prefix: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
+        if shared_prefix >= 2 and tokens.shape[0] > 1 and shared_prefix < tokens.shape[1]:
+            return self._shared_prefix_logprobs(
+                tokens, attention_mask, shared_prefix, temperature, with_entropy
+            )
         out = self.model(input_ids=tokens, attention_mask=attention_mask, use_cache=False)
         return logprobs_from_logits(out.logits[:, :-1], tokens[:, 1:], temperature, with_entropy)
+
+    def _shared_prefix_logprobs(
+        self, tokens: Tensor, attention_mask: Tensor | None, p: int, temp: float, entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """`token_logprobs` of rows whose first `p` tokens are equal: the prefix runs once
+        and its KV cache is repeated for the rows' tails. The same numbers and gradients as
+        the plain forward (backward sums the rows' gradients into the one prefix pass)."""
+        rows, width = tokens.shape
+        head = self.model(input_ids=tokens[:1, :p], use_cache=True)
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(rows)
+        mask = attention_mask if attention_mask is not None else torch.ones_like(tokens)
+        pos = torch.arange(p, width, device=tokens.device)
+        tail = self.model(
+            input_ids=tokens[:, p:], attention_mask=mask, past_key_values=cache,
+            position_ids=pos.expand(rows, -1), cache_position=pos, use_cache=True,
+        )  # fmt: skip
+        # logit positions 0..p-2 predict the prefix itself: one row, the same for all
+        lp_head, ent_head = logprobs_from_logits(
+            head.logits[:, :-1], tokens[:1, 1:p], temp, entropy
+        )
+        tail_logits = torch.cat([head.logits[:, -1:].expand(rows, -1, -1), tail.logits[:, :-1]], 1)
+        lp_tail, ent_tail = logprobs_from_logits(tail_logits, tokens[:, p:], temp, entropy)
+        logp = torch.cat([lp_head.expand(rows, -1), lp_tail], 1)
+        if ent_head is None or ent_tail is None:
+            return logp, None
+        return logp, torch.cat([ent_head.expand(rows, -1), ent_tail], 1)
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:
         return (p for p in self.model.parameters() if p.requires_grad)

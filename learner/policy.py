@@ -35,11 +35,14 @@ class Policy(Protocol):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        shared_prefix: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
         """log p(tokens[:, t+1] | tokens[:, :t+1]) as ``[B, T-1]`` float32, and the entropy
         of each of those next-token distributions when asked. ``tokens`` is right-padded;
         ``attention_mask`` marks real tokens. Logits are divided by ``temperature`` so the
-        numbers match a sampler that used it."""
+        numbers match a sampler that used it. ``shared_prefix`` > 0 promises that every
+        row's first that many tokens are the same (a group's prompt): an implementation may
+        run them once, with the same result."""
         ...
 
     def trainable_parameters(self) -> Iterator[nn.Parameter]:

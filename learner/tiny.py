@@ -155,6 +155,7 @@ class TinyPolicy(nn.Module):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        shared_prefix: int = 0,  # a few small matmuls: running the prefix once gains nothing
     ) -> tuple[Tensor, Tensor | None]:
         # right padding + causal attention: real tokens never see the padding after them
         logits, _ = self(tokens)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from learner.batching import micro_batches, split_even
+from learner.batching import micro_batches, prefix_micro_batches, split_even
 from learner.config import LearnerSettings, configure
 from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
 from learner.policy import Policy
@@ -35,6 +35,7 @@ class TrainConfig:
     temperature: float
     amp: bool
     cpu_amp: bool
+    share_prompt: bool
     loss: LossConfig
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas (no setting)."""
@@ -116,20 +117,40 @@ class Trainer:
         )
 
     def _logprobs(
-        self, policy: Policy, tokens: Tensor, attn: Tensor, entropy: bool
+        self, policy: Policy, tokens: Tensor, attn: Tensor, entropy: bool, shared: int = 0
     ) -> tuple[Tensor, Tensor | None]:
         with self._autocast():
             return policy.token_logprobs(
-                tokens, attn, temperature=self.cfg.temperature, with_entropy=entropy
-            )
+                tokens, attn, temperature=self.cfg.temperature, with_entropy=entropy,
+                shared_prefix=shared,
+            )  # fmt: skip
+
+    def _micro_batches(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Index groups of one forward/backward each; with `share_prompt`, one prompt each."""
+        lengths = [s.length for s in samples]
+        if not self.cfg.share_prompt:
+            return micro_batches(lengths, self.cfg.micro_batch_tokens)
+        keys = [s.prompt.tobytes() for s in samples]
+        prompt_lens = [len(s.prompt) for s in samples]
+        return prefix_micro_batches(lengths, keys, prompt_lens, self.cfg.micro_batch_tokens)
+
+    def _shared(self, rows: Sequence[Sample]) -> int:
+        """The prompt length when every row has the same prompt (and sharing is on), else 0."""
+        if not self.cfg.share_prompt or len(rows) < 2:
+            return 0
+        first = rows[0].prompt
+        same = all(np.array_equal(r.prompt, first) for r in rows[1:])
+        return len(first) if same else 0
 
     @torch.no_grad()
     def _proximal(self, samples: Sequence[Sample]) -> list[Tensor]:
         """log pi_prox of every target token, per sample, before this batch's updates."""
         out: list[Tensor] = [torch.empty(0)] * len(samples)
-        for group in micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens):
-            batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
-            logp, _ = self._logprobs(self.policy, batch.tokens, batch.attention_mask, False)
+        for group in self._micro_batches(samples):
+            rows = [samples[i] for i in group]
+            batch = collate(rows, self.policy.pad_id, self.device)
+            shared = self._shared(rows)
+            logp, _ = self._logprobs(self.policy, batch.tokens, batch.attention_mask, False, shared)
             for row, i in enumerate(group):
                 out[i] = logp[row, : samples[i].length - 1]
         return out
@@ -137,7 +158,7 @@ class Trainer:
     def _update(self, samples: Sequence[Sample], prox: list[Tensor] | None) -> LossStats:
         self.optimizer.zero_grad(set_to_none=True)
         num_tokens = float(sum(s.trained_tokens for s in samples))
-        groups = micro_batches([s.length for s in samples], self.cfg.micro_batch_tokens)
+        groups = self._micro_batches(samples)
         stats = LossStats()
         for group in groups:
             stats.merge(self._backward(samples, group, prox, num_tokens))
@@ -152,12 +173,14 @@ class Trainer:
     ) -> LossStats:
         """Forward and backward of one micro-batch; gradients accumulate."""
         want_entropy = self.cfg.loss.entropy_coef > 0
-        batch = collate([samples[i] for i in group], self.policy.pad_id, self.device)
-        logp, ent = self._logprobs(self.policy, batch.tokens, batch.attention_mask, want_entropy)
+        rows = [samples[i] for i in group]
+        batch = collate(rows, self.policy.pad_id, self.device)
+        tokens, attn, shared = batch.tokens, batch.attention_mask, self._shared(rows)
+        logp, ent = self._logprobs(self.policy, tokens, attn, want_entropy, shared)
         ref = None
         if self.ref_policy is not None and self.cfg.loss.kl_coef:
             with torch.no_grad():
-                ref, _ = self._logprobs(self.ref_policy, batch.tokens, batch.attention_mask, False)
+                ref, _ = self._logprobs(self.ref_policy, tokens, attn, False, shared)
         prox_t = None
         if prox is not None:
             prox_t = torch.nn.utils.rnn.pad_sequence([prox[i] for i in group], batch_first=True)

@@ -108,3 +108,50 @@ def test_cpu_amp_trains_in_bf16_with_float32_weights(model_dir: Path) -> None:
     assert all(p.dtype == torch.float32 for p in policy.trainable_parameters())
     after = trace_logp(policy)
     assert after > before
+
+
+def _group(prompt: list[int], tails: list[list[int]]) -> list[Sample]:
+    """A group's samples: one prompt, completions of different lengths, behaviour logprobs."""
+    rng = np.random.default_rng(1)
+    p = np.array(prompt, np.int32)
+    return [
+        Sample(f"t{i}", "g", p, np.array(c, np.int32), float(rng.normal()),
+               behaviour_logp=rng.normal(-3.0, 0.5, len(c)).astype(np.float32), policy_version=0)
+        for i, c in enumerate(tails)
+    ]  # fmt: skip
+
+
+GROUP_TAILS = [[10, 11, 12, 2], [13, 14], [15, 16, 17, 18, 19, 2], [20]]
+
+
+def test_a_shared_prompt_runs_once_with_the_same_logprobs(model_dir: Path) -> None:
+    from learner.sample import collate
+
+    policy = build_policy({"kind": "hf", "path": str(model_dir)})
+    batch = collate(_group([5, 6, 7, 8, 9], GROUP_TAILS), policy.pad_id, "cpu")
+    real = batch.attention_mask[:, 1:].bool()
+    with torch.no_grad():
+        plain, plain_ent = policy.token_logprobs(
+            batch.tokens, batch.attention_mask, with_entropy=True
+        )
+        shared, shared_ent = policy.token_logprobs(
+            batch.tokens, batch.attention_mask, with_entropy=True, shared_prefix=5
+        )
+    assert shared.shape == plain.shape and shared_ent is not None and plain_ent is not None
+    torch.testing.assert_close(shared[real], plain[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared_ent[real], plain_ent[real], atol=1e-5, rtol=1e-5)
+
+
+def test_share_prompt_takes_the_same_step_as_padding_every_row(model_dir: Path) -> None:
+    samples = _group([5, 6, 7, 8, 9], GROUP_TAILS) + _group([30, 31, 32], [[40, 41], [42, 2]])
+    after = {}
+    for share in (False, True):
+        torch.manual_seed(0)
+        policy = build_policy({"kind": "hf", "path": str(model_dir)})
+        cfg = LearnerSettings(lr=1e-3, share_prompt=share, micro_batch_tokens=24)
+        trainer = Trainer(policy, train_config(cfg), torch.device("cpu"))
+        res = trainer.step(samples)
+        after[share] = (res.stats["loss"], policy.weights())
+    assert after[True][0] == pytest.approx(after[False][0], rel=1e-5, abs=1e-7)
+    for name, w in after[False][1].items():
+        torch.testing.assert_close(after[True][1][name], w, atol=1e-6, rtol=1e-5)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from learner import staleness
-from learner.batching import TokenBudgetBatcher, micro_batches, split_even
+from learner.batching import TokenBudgetBatcher, micro_batches, prefix_micro_batches, split_even
 from learner.sample import Sample, collate, problem
 
 torch.set_num_threads(1)
@@ -45,6 +45,22 @@ def test_micro_batches_fit_the_padded_budget() -> None:
         assert len(g) == 1 or max(lengths[i] for i in g) * len(g) <= 64
     assert [6] in groups  # longer than the budget: alone
     assert {1, 4} <= set(next(g for g in groups if 1 in g))  # similar lengths share
+
+
+def test_prefix_micro_batches_hold_one_prompt_each_within_the_budget() -> None:
+    lengths = [30, 12, 25, 28, 14, 90, 13, 29]
+    keys = [b"a", b"b", b"a", b"a", b"b", b"c", b"b", b"a"]
+    prefix = [20, 10, 20, 20, 10, 80, 10, 20]
+    groups = prefix_micro_batches(lengths, keys, prefix, budget=60)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len({keys[i] for i in g}) == 1  # one prompt per micro-batch
+        p, longest = prefix[g[0]], max(lengths[i] for i in g)
+        assert len(g) == 1 or p + len(g) * (longest - p) <= 60
+    assert [5] in groups  # over the budget: alone
+    assert sorted(next(g for g in groups if 1 in g)) == [1, 4, 6]  # 10 + 3 x 4 <= 60
+    # a: 20 + 4 x 10 = 60 fits one pass, where padding every row would take 4 x 30 = 120
+    assert sorted(next(g for g in groups if 0 in g)) == [0, 2, 3, 7]
 
 
 def test_split_even() -> None:
