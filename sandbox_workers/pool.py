@@ -86,10 +86,11 @@ class Slot:
         return self.id[:12]
 
 
-def _created_key(text: str, cid: str) -> tuple[str, str, str]:
-    """A sortable (seconds, nanoseconds, id) key of an engine `Created` timestamp."""
-    head, _, frac = text.rstrip("Z").partition(".")
-    return head, (frac + "000000000")[:9], cid
+def block_name(block: int) -> str:
+    """The engine-wide name of the container that holds uid block `block`. The engine refuses
+    a second container of one name (409 Conflict) atomically, so two pools (or workers) that
+    pick the same block at the same moment never both get it."""
+    return f"rollstream-uid-{block}"
 
 
 class ContainerPool:
@@ -140,17 +141,6 @@ class ContainerPool:
             self._claimed.add(block)
             return block
 
-    def _won_block(self, container_id: str, block: int) -> bool:
-        """Of every container labelled with `block`, the earliest created keeps it. Checked
-        after our own creation, so two pools (or hosts) that picked the same block at the
-        same time never both keep it."""
-        api = self._client.api
-        keys = []
-        for c in api.containers(all=True, filters={"label": f"{reaper.UID_LABEL}={block}"}):
-            with contextlib.suppress(Exception):
-                keys.append(_created_key(api.inspect_container(c["Id"])["Created"], c["Id"]))
-        return bool(keys) and min(keys)[2] == container_id
-
     def _create(self) -> Slot:
         for _ in range(20):
             block = self._claim_block()
@@ -163,6 +153,8 @@ class ContainerPool:
         raise RuntimeError("no free uid block for a sandbox container after 20 tries")
 
     def _create_with(self, block: int) -> Slot | None:
+        import docker
+
         labels = {
             **self.cfg.labels,
             reaper.OWNER_LABEL: reaper.owner_token(),
@@ -175,11 +167,15 @@ class ContainerPool:
         )
         server = self.cfg.transport == "server"
         command = [*SERVER_ARGV, "--base-uid", str(block)] if server else ["sleep", "infinity"]
-        container = self._client.containers.create(command=command, stdin_open=server, **kwargs)
         try:
-            if not self._won_block(str(container.id), block):
-                self._remove(str(container.id))
+            container = self._client.containers.create(
+                command=command, stdin_open=server, name=block_name(block), **kwargs
+            )
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # another creator holds this block: pick another
                 return None
+            raise
+        try:
             session = execio.Session(container.attach_socket(params=ATTACH)) if server else None
             container.start()
         except BaseException:
