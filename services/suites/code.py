@@ -9,11 +9,16 @@ hidden asserts, one `test_*` function each: partial credit) decide the reward, w
 `feedback_tests` (the public examples, same format) serve multi-turn feedback. No hidden
 assert is ever shown.
 
-Splits are fixed by the data: `train` (217 tasks, most of them easy one-liners, some
-families of one function with different constants) and `heldout` (63 distinct functions,
-none of them a near-copy of a training function; never fed). `warmup` is empty. Every
-task records `entry_point`, `split`, `difficulty` (easy | medium | hard) and, for a
-family member, `family` in its metadata.
+Splits are fixed by the data: `train` (449 tasks) and `heldout` (63 distinct functions,
+none of them a near-copy of a training function; never fed). `warmup` is empty. The
+first 217 training tasks are mostly easy one-liners, 176 of them in 16 families of one
+function with different constants; the 232 after them are distinct string, collection
+and number functions (87 easy, 109 medium, 36 hard), so that most of what is trained on
+is a function of its own at the small model's frontier rather than a constant to copy.
+They were screened against the held-out split by name, spec and reference similarity
+(near relatives such as an inverse of a held-out function were left out). Every task
+records `entry_point`, `split`, `difficulty` (easy | medium | hard) and, for a family
+member, `family` in its metadata.
 """
 
 from __future__ import annotations
