@@ -81,24 +81,45 @@ def prefix_micro_batches(
     """Like `micro_batches`, but a micro-batch only holds items with one prefix (the same
     `prefixes` key: a group's prompt), so a model can run that prefix once. Its cost is the
     prefix once plus each row's tail padded to the longest: ``P + rows x (longest - P)``.
-    Groups come in order of first appearance; an item over the budget goes alone."""
+    A group's items, longest first, are cut where that minimises the group's summed cost
+    (`cheapest_cuts`): a group whose completions range from 20 to 160 tokens pays the prompt
+    twice rather than padding every short row to 160. Groups come in order of first
+    appearance; an item over the budget goes alone."""
     by_key: dict[bytes, list[int]] = {}
     for i, key in enumerate(prefixes):
         by_key.setdefault(key, []).append(i)
     out: list[list[int]] = []
     for items in by_key.values():
         items.sort(key=lambda i: (-lengths[i], i))
-        current: list[int] = []
-        for i in items:
-            p = prefix_lens[i]
-            longest = lengths[current[0]] if current else lengths[i]
-            if current and p + (len(current) + 1) * (longest - p) > budget:
-                out.append(current)
-                current = []
-            current.append(i)
-        if current:
-            out.append(current)
+        p = prefix_lens[items[0]]
+        tails = [max(0, lengths[i] - p) for i in items]
+        start = 0
+        for end in cheapest_cuts(tails, p, budget):
+            out.append(items[start:end])
+            start = end
     return out
+
+
+def cheapest_cuts(tails: Sequence[int], prefix: int, budget: int) -> list[int]:
+    """End indices of the contiguous runs of `tails` (sorted longest first) that minimise
+    ``sum(prefix + rows x longest_tail)`` with each run's cost within `budget` (a run of one
+    may exceed it). Dynamic programming over the cut points: O(n^2) for n rows."""
+    n = len(tails)
+    best = [0] * (n + 1)  # best[j]: least cost of rows j..n-1
+    cut = [n] * (n + 1)
+    for j in range(n - 1, -1, -1):
+        best[j] = -1
+        for end in range(j + 1, n + 1):
+            cost = prefix + (end - j) * tails[j]
+            if cost > budget and end - j > 1:
+                break
+            if best[j] < 0 or cost + best[end] < best[j]:
+                best[j], cut[j] = cost + best[end], end
+    ends, j = [], 0
+    while j < n:
+        j = cut[j]
+        ends.append(j)
+    return ends
 
 
 def split_even(items: Sequence[T], parts: int) -> list[list[T]]:

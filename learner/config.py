@@ -69,6 +69,11 @@ class LearnerSettings(Section):
     elsewhere): a forward+backward of SmolLM2 on 8 x 250 tokens takes 10 s instead of 27 s
     on one core here, at bf16 precision of the learner's logprobs. Off by default: the tiny
     policy's small matmuls gain nothing from it."""
+    torch_threads: int = Field(default=0, ge=0)
+    """CPU threads torch may use for training; 0: torch's own default (OMP_NUM_THREADS when
+    set, else one per core). The demo gives the learner 2 on its 2-core machine: the
+    generators wait at the pacing window while a step runs, and a SmolLM2 step on 6,000
+    tokens takes 24 s on 2 threads against 37 s on 1 (benchmarks/learner_memory.py)."""
     share_prompt: bool = True
     """Micro-batches hold one prompt each (a group's samples share it), and a model that
     can (the Hugging Face backend) runs that prompt once for all its rows: the same

@@ -81,8 +81,11 @@ class Ports:
 
 def trainer(section: LearnerSettings, env: DistEnv | None = None) -> Trainer:
     """The trainer of this process: a `DataParallelTrainer` when `env` (default: torchrun's
-    environment) has several ranks (the process group is joined here), else a `Trainer`."""
+    environment) has several ranks (the process group is joined here), else a `Trainer`.
+    Sets torch's CPU threads to `learner.torch_threads` when that is not 0."""
     env = env or DistEnv.from_env()
+    if section.torch_threads:
+        torch.set_num_threads(section.torch_threads)
     seed_everything(section.seed)
     ref = make_policy(section) if section.kl_coef > 0 else None
     device = distributed.rank_device(pick_device(section.device), env)

@@ -7,8 +7,11 @@ where the device supports it (logprobs and the loss are always computed in float
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,6 +227,8 @@ class Trainer:
             stats.merge(
                 self._update([samples[i] for i in mini], [prox[i] for i in mini] if prox else None)
             )
+        if self.device.type == "cpu":
+            release_free_heap()
         means = stats.means()
         for key in ("loss", "pg_loss", "rwl_loss"):
             means[key] /= len(minis)
@@ -238,3 +243,25 @@ class Trainer:
             tokens=sum(s.length for s in samples),
             seconds=time.perf_counter() - started,
         )
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        trim: Callable[[int], int] | None = (
+            getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        )
+    except OSError:
+        return None
+    return trim
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the OS (glibc's `malloc_trim`; a no-op where
+    there is none). A CPU step allocates activations of a different shape every batch, and
+    glibc kept what they freed: the demo's learner grew from 7 to 10 GB of RSS over 13 steps.
+    Trimmed after each step, the pages come back the next step (a few ms of page faults)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import torch
 
 from learner import staleness
-from learner.batching import TokenBudgetBatcher, micro_batches, prefix_micro_batches, split_even
+from learner.batching import (
+    TokenBudgetBatcher,
+    cheapest_cuts,
+    micro_batches,
+    prefix_micro_batches,
+    split_even,
+)
 from learner.sample import Sample, collate, problem
 
 torch.set_num_threads(1)
@@ -61,6 +69,49 @@ def test_prefix_micro_batches_hold_one_prompt_each_within_the_budget() -> None:
     assert sorted(next(g for g in groups if 1 in g)) == [1, 4, 6]  # 10 + 3 x 4 <= 60
     # a: 20 + 4 x 10 = 60 fits one pass, where padding every row would take 4 x 30 = 120
     assert sorted(next(g for g in groups if 0 in g)) == [0, 2, 3, 7]
+
+
+def test_prefix_micro_batches_cut_a_group_whose_lengths_vary() -> None:
+    """Two long completions and six short ones: the prompt runs twice, nobody pads to 140."""
+    tails = [140, 130, 40, 30, 20, 20, 10, 5]
+    assert cheapest_cuts(tails, 137, 2000) == [2, 8]
+    lengths = [137 + t for t in tails]
+    groups = prefix_micro_batches(lengths, [b"g"] * 8, [137] * 8, budget=2000)
+    assert groups == [[0, 1], [2, 3, 4, 5, 6, 7]]
+    # equal lengths: one pass (a second prompt would only add cost)
+    assert cheapest_cuts([50] * 8, 137, 2000) == [8]
+
+
+def _brute_force(tails: list[int], prefix: int, budget: int) -> int:
+    n, best = len(tails), None
+    for mask in range(1 << (n - 1)):
+        ends = [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        cost, start = 0, 0
+        for end in ends:
+            run = prefix + (end - start) * tails[start]
+            if run > budget and end - start > 1:
+                break
+            cost, start = cost + run, end
+        else:
+            best = cost if best is None else min(best, cost)
+    assert best is not None
+    return best
+
+
+def test_cheapest_cuts_match_brute_force() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        tails = sorted((rng.randint(0, 200) for _ in range(n)), reverse=True)
+        prefix, budget = rng.randint(0, 150), rng.randint(50, 1200)
+        ends = cheapest_cuts(tails, prefix, budget)
+        assert ends[-1] == n and ends == sorted(set(ends))
+        cost, start = 0, 0
+        for end in ends:
+            run = prefix + (end - start) * tails[start]
+            assert end - start == 1 or run <= budget
+            cost, start = cost + run, end
+        assert cost == _brute_force(tails, prefix, budget)
 
 
 def test_split_even() -> None:
