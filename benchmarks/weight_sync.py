@@ -4,7 +4,9 @@ store and publish dtype, in one run (`benchmarks/learner.py --model smollm2` run
     .venv/bin/python benchmarks/weight_sync.py [--model smollm2] [--repeats 3]
 
 - publish: the learner's snapshot in the publish dtype (learner/publish.py) + `store.put`
-  (safetensors, sha256, write: Redis chunks, or a file written, fsynced and renamed);
+  (safetensors, sha256, write: Redis chunks, or a file streamed and hashed in one pass,
+  fsynced and renamed; `dir` on the disk of the temporary directory, `dir (tmpfs)` under
+  /dev/shm where there is one, as `learner.weight_dir` can put it);
 - fetch: `store.get` (read or map, verify sha256, tensors);
 - swap: the generator's `load_weights` into its running float32 HFPolicy plus the repack of
   its sampling weights (learner/decode.py) that the next sample would do.
@@ -15,6 +17,9 @@ Medians of --repeats; the fp32 rows are today's path.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import os
 import statistics
 import sys
 import tempfile
@@ -29,7 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from learner.hf import HFPolicy
 from learner.publish import snapshot
-from learner.weights import DirWeightStore, RedisWeightStore
+from learner.weights import (
+    DirWeightStore,
+    RedisWeightStore,
+    StoredWeights,
+    serialize,
+    write_atomic,
+)
+
+
+class SerializingDirStore(DirWeightStore):
+    """The directory store's put before blobs were streamed (the baseline row): the whole
+    blob built in memory by safetensors, hashed, then written."""
+
+    def put(self, version: int, state: Any) -> StoredWeights:
+        data = serialize(state)
+        sha = hashlib.sha256(data).hexdigest()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.dir / f"v{version:08d}-{sha[:16]}.safetensors"
+        write_atomic(final, data)
+        self._prune(keep=final)
+        return StoredWeights(final.resolve().as_uri(), sha, len(data))
 
 
 def one(store: Any, src: HFPolicy, dst: HFPolicy, dtype: str, version: int) -> list[float]:
@@ -69,9 +94,18 @@ def run(model: str, repeats: int, threads: int) -> None:
     print("| store | dtype | blob MB | publish | fetch | swap | total |")
     print("|---|---|---|---|---|---|---|")
     ns = f"rollstream:bench{uuid.uuid4().hex[:8]}:weights"
-    with tempfile.TemporaryDirectory(prefix="rollstream-sync-") as tmp:
+    shm = Path("/dev/shm")
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rollstream-sync-"))
         redis = RedisWeightStore.from_url(settings.redis.endpoint, "bench", namespace=ns, keep=1)
-        stores: dict[str, Any] = {"dir": DirWeightStore(tmp, "bench", keep=1), "redis": redis}
+        stores: dict[str, Any] = {
+            "dir, serialized (before)": SerializingDirStore(tmp, "bench-before", keep=1),
+            "dir": DirWeightStore(tmp, "bench", keep=1),
+        }
+        if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs: fsync is free, pages shared
+            mem = stack.enter_context(tempfile.TemporaryDirectory(prefix="rs-sync-", dir=shm))
+            stores["dir (tmpfs)"] = DirWeightStore(mem, "bench", keep=1)
+        stores["redis"] = redis
         version = 0
         for name, store in stores.items():
             for dtype in ("float32", "bfloat16"):

@@ -10,9 +10,10 @@ rely on it).
   manifest (JSON: size, sha256, chunk count) written LAST, so a reader that finds the
   manifest finds every chunk. For small models (one Redis value is at most 512 MB, and big
   values block the server).
-- `DirWeightStore`: ``{root}/{policy}/v{version:08d}-{sha16}.safetensors`` written to a
-  temporary file, fsynced, then renamed into place (atomic on POSIX), then the directory
-  fsynced. For large models; a shared filesystem or object-store mount scales it out.
+- `DirWeightStore`: ``{root}/{policy}/v{version:08d}-{sha16}.safetensors`` streamed to a
+  temporary file and hashed in one pass, fsynced, then renamed into place (atomic on
+  POSIX), then the directory fsynced. For large models; a shared filesystem or
+  object-store mount scales it out.
 
 Both keep the `keep` most recently written blobs of a policy and delete older ones.
 """
@@ -33,6 +34,8 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from torch import Tensor
+
+from learner.blobfile import write_state
 
 FORMAT = "safetensors"
 DEFAULT_CHUNK = 8 * 1024 * 1024
@@ -171,13 +174,23 @@ class DirWeightStore:
         self.keep = keep
 
     def put(self, version: int, state: Mapping[str, Tensor]) -> StoredWeights:
-        data = serialize(state)
-        sha = hashlib.sha256(data).hexdigest()
+        """Streamed to a temporary file and hashed in the same pass (learner/blobfile.py),
+        fsynced, renamed to the name its hash gives, then the directory fsynced."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        final = self.dir / f"v{version:08d}-{sha[:16]}.safetensors"
-        write_atomic(final, data)
+        fd, tmp = tempfile.mkstemp(prefix=f".v{version:08d}.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                sha, size = write_state(f, state)
+                f.flush()
+                os.fsync(f.fileno())
+            final = self.dir / f"v{version:08d}-{sha[:16]}.safetensors"
+            os.replace(tmp, final)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(self.dir)
         self._prune(keep=final)
-        return StoredWeights(final.resolve().as_uri(), sha, len(data))
+        return StoredWeights(final.resolve().as_uri(), sha, size)
 
     def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
         """The file is mapped, not read into memory: hashed through the mapping, then
