@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import logging
 import sys
 import time
@@ -48,13 +49,19 @@ class _SlowRedisClient:
 
 
 def _slow_write(version: int) -> Any:
-    def write(path: Any, data: bytes) -> None:
-        tmp = path.with_name(f".{path.name}.partial.tmp")
-        with tmp.open("wb") as f:
-            f.write(data[: len(data) // 2])
-            f.flush()
+    """`weights.write_state` that streams half of the blob into the store's temporary file,
+    then stalls."""
+    real = weights.write_state
+
+    def write(f: Any, state: Mapping[str, Tensor], metadata: Any = None) -> tuple[str, int]:
+        whole = io.BytesIO()
+        real(whole, state, metadata)
+        data = whole.getvalue()
+        f.write(data[: len(data) // 2])
+        f.flush()
         print(f"HALF-WRITTEN {version}", flush=True)
         time.sleep(3600)
+        raise AssertionError("unreachable")
 
     return write
 
@@ -70,7 +77,7 @@ class SlowNth:
                 self.inner.chunk_bytes = 4096  # many chunks: the first pipeline is partial
                 self.inner.r = _SlowRedisClient(self.inner.r, version)
             else:
-                weights.write_atomic = _slow_write(version)  # type: ignore[assignment]
+                weights.write_state = _slow_write(version)  # type: ignore[assignment]
         return self.inner.put(version, state)  # type: ignore[no-any-return]
 
     def get(self, uri: str, sha256: str) -> dict[str, Tensor]:

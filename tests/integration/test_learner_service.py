@@ -289,7 +289,7 @@ async def test_kill_during_publication_never_announces_a_partial_blob(
         assert half and not [k for k in half if k.endswith(b":manifest")]  # chunks, no manifest
     else:
         blobs = os.listdir(tmp_path / "weights" / prefix / "default")
-        assert any(n.endswith(".partial.tmp") for n in blobs)
+        assert any(n.startswith(".v00000002.") and n.endswith(".tmp") for n in blobs)
         assert not any(n.startswith("v00000002") for n in blobs)
 
     b = Child(tmp_path, "b", [*args, "--idle-exit", "3"])
