@@ -55,11 +55,12 @@ def order(state: Mapping[str, Tensor]) -> list[str]:
     return sorted(state, key=lambda name: (-RANK[DTYPES[state[name].dtype]], name))
 
 
-def header(state: Mapping[str, Tensor], metadata: Mapping[str, str]) -> bytes:
-    """The length prefix and JSON header of `state`, laid out as safetensors does."""
+def header(state: Mapping[str, Tensor], names: list[str], metadata: Mapping[str, str]) -> bytes:
+    """The length prefix and JSON header of `state`, its tensors laid out in `names` order
+    (`order`)."""
     entries: dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
-    for name in order(state):
+    for name in names:
         t = state[name]
         size = t.numel() * t.element_size()
         span = [offset, offset + size]
@@ -75,11 +76,12 @@ def write_state(
 ) -> tuple[str, int]:
     """Write `state` to `f` as safetensors; returns (sha256 hex of the bytes written, size)."""
     digest = hashlib.sha256()
-    head = header(state, metadata or {"format": "pt"})
+    names = order(state)
+    head = header(state, names, metadata or {"format": "pt"})
     digest.update(head)
     f.write(head)
     size = len(head)
-    for name in order(state):
+    for name in names:
         data = _flat(state[name]).numpy()  # shares the tensor's memory
         digest.update(data.data)
         f.write(data.data)

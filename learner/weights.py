@@ -27,10 +27,10 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
 
 from torch import Tensor
@@ -175,21 +175,17 @@ class DirWeightStore:
 
     def put(self, version: int, state: Mapping[str, Tensor]) -> StoredWeights:
         """Streamed to a temporary file and hashed in the same pass (learner/blobfile.py),
-        fsynced, renamed to the name its hash gives, then the directory fsynced."""
+        then put in place under the name its hash gives (`write_streamed`)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".v{version:08d}.", suffix=".tmp", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                sha, size = write_state(f, state)
-                f.flush()
-                os.fsync(f.fileno())
-            final = self.dir / f"v{version:08d}-{sha[:16]}.safetensors"
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(self.dir)
+        written: list[tuple[str, int]] = []
+
+        def fill(f: BinaryIO) -> str:
+            written.append(write_state(f, state))
+            return f"v{version:08d}-{written[0][0][:16]}.safetensors"
+
+        final = write_streamed(self.dir, f".v{version:08d}.", fill)
         self._prune(keep=final)
+        sha, size = written[0]
         return StoredWeights(final.resolve().as_uri(), sha, size)
 
     def get(self, uri: str, sha256: str) -> dict[str, Tensor]:
@@ -226,17 +222,31 @@ def path_of(uri: str) -> Path:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write a file so that readers see either nothing or all of it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+    def fill(f: BinaryIO) -> str:
+        f.write(data)
+        return path.name
+
+    write_streamed(path.parent, f".{path.name}.", fill)
+
+
+def write_streamed(directory: Path, prefix: str, fill: Callable[[BinaryIO], str]) -> Path:
+    """Write a file in `directory` so that readers see either nothing or all of it: `fill`
+    writes a temporary file (named `prefix`...`.tmp`) and returns the final name, which the
+    file gets once fsynced; then the directory is fsynced. Returns the final path."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            name = fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        final = directory / name
+        os.replace(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(directory)
+    return final
 
 
 def fsync_dir(path: Path) -> None:
