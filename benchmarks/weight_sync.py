@@ -10,6 +10,9 @@ store and publish dtype, in one run (`benchmarks/learner.py --model smollm2` run
 - fetch: `store.get` (read or map, verify sha256, tensors);
 - swap: the generator's `load_weights` into its running float32 HFPolicy plus the repack of
   its sampling weights (learner/decode.py) that the next sample would do.
+The `LoRA r16` rows: `learner.lora_rank = 16` on every projection, where a version is the
+adapters only (the base weights are the pretrained ones on every side) and the swap merges
+them into the repacked sampling weights.
 The announcement on Kafka (milliseconds, measured by benchmarks/learner.py) is not included.
 Medians of --repeats; the fp32 rows are today's path.
 """
@@ -32,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from learner.hf import HFPolicy
+from learner.hf import HFPolicy, LoraSpec
 from learner.publish import snapshot
 from learner.weights import (
     DirWeightStore,
@@ -88,6 +91,15 @@ def run(model: str, repeats: int, threads: int) -> None:
     assert path is not None, "a pretrained model is needed (not tiny)"
     src = HFPolicy.from_path(path, dtype="float32")
     dst = HFPolicy.from_path(path, dtype="float32", sample_dtype="auto")
+    lora = LoraSpec(16, 32.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                               "down_proj"))  # fmt: skip
+    src_l = HFPolicy.from_path(path, dtype="float32", lora=lora)
+    with torch.no_grad():  # trained adapters: B is zero at initialisation
+        for name, p in src_l.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 1e-3)
+    dst_l = HFPolicy.from_path(path, dtype="float32", sample_dtype="auto", lora=lora)
+    pairs = {"full": (src, dst), "LoRA r16": (src_l, dst_l)}
     params = sum(p.numel() for p in src.parameters()) / 1e6
     print(f"\n## weight sync, {model} ({params:.0f}M params): publish -> fetch -> swap "
           f"(median ms of {repeats})\n")  # fmt: skip
@@ -106,12 +118,14 @@ def run(model: str, repeats: int, threads: int) -> None:
             mem = stack.enter_context(tempfile.TemporaryDirectory(prefix="rs-sync-", dir=shm))
             stores["dir (tmpfs)"] = DirWeightStore(mem, "bench", keep=1)
         stores["redis"] = redis
+        stores["dir, LoRA r16"] = DirWeightStore(tmp, "bench-lora", keep=1)
         version = 0
         for name, store in stores.items():
+            a, b = pairs["LoRA r16" if "LoRA" in name else "full"]
             for dtype in ("float32", "bfloat16"):
                 rows = []
                 for _ in range(repeats):
-                    rows.append(one(store, src, dst, dtype, version))
+                    rows.append(one(store, a, b, dtype, version))
                     version += 1
                 pub, fet, swp = (statistics.median(r[i] for r in rows) * 1e3 for i in range(3))
                 print(f"| {name} | {dtype} | {rows[0][3]:.0f} | {pub:.0f} | {fet:.0f} | "

@@ -206,6 +206,10 @@ def figures(
         "samples": r.samples, "pass_at_k": {}, "seconds": round(seconds, 1),
         "max_new_tokens": settings.generator.max_new_tokens,
         "temperature": settings.learner.temperature, "top_p": settings.generator.top_p,
+        "greedy_passed": r.greedy_passed,
+        "sampled_passed": dict(zip(r.task_ids, r.passed, strict=True))
+        if r.samples and r.task_ids
+        else {},
     }  # fmt: skip
     for k in sorted({1, 2, 5, 10, r.samples} & set(range(1, r.samples + 1))):
         out["pass_at_k"][str(k)] = {"value": r.pass_at(k), "se": r.pass_at_se(k)}

@@ -49,6 +49,10 @@ class EvalResult:
     """Per task: sampled completions that passed."""
     samples: int = 0
     """Sampled completions per task."""
+    greedy_passed: list[str] = field(default_factory=list)
+    """Task ids whose greedy completion passed (for paired before/after comparisons)."""
+    task_ids: list[str] = field(default_factory=list)
+    """The tasks' ids, in the order of `passed`."""
 
     @property
     def greedy_se(self) -> float:
@@ -80,6 +84,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def binomial_se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+def paired_change(before: list[str], after: list[str], n: int) -> tuple[int, int, float]:
+    """(fixed, broken, SE of the change) of two greedy evaluations of the same `n` tasks,
+    from the task ids each passed: tasks only `after` passed, tasks only `before` passed,
+    and the standard error of the paired difference of pass rates,
+    sqrt(f + b - (f - b)^2 / n) / n (McNemar's; NaN for n = 0)."""
+    was, now = set(before), set(after)
+    fixed, broken = len(now - was), len(was - now)
+    if not n:
+        return fixed, broken, float("nan")
+    return fixed, broken, math.sqrt(max(fixed + broken - (fixed - broken) ** 2 / n, 0.0)) / n
 
 
 async def evaluate(
@@ -124,6 +140,8 @@ async def judged(
         sampled_reward=sum(rewards) / len(rewards) if rewards else math.nan,
         passed=passed if n else [],
         samples=n,
+        greedy_passed=[t.task_id for t, (_, ok) in zip(tasks, first, strict=True) if ok],
+        task_ids=[t.task_id for t in tasks],
     )
 
 

@@ -156,7 +156,9 @@ def accounting(demo: DemoRun) -> dict[str, Any]:
 def print_summary(demo: DemoRun, rep: Report, plot_path: Path | None, md: Path) -> None:
     demo.console.rule("[bold]result")
     t = Table(show_header=True, header_style="bold")
-    for col in ("held-out suite", "tasks", "greedy before ± SE", "after ± SE", "change / SE"):
+    cols = ("held-out suite", "tasks", "greedy before ± SE", "after ± SE", "change / SE",
+            "fixed / broken (paired)")  # fmt: skip
+    for col in cols:
         t.add_column(col)
     for line in rep.heldout_lines():
         t.add_row(*line)

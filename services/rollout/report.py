@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.rollout.evaluate import EvalResult
+from services.rollout.evaluate import EvalResult, paired_change
 from services.rollout.stats import Row
 
 
@@ -40,9 +40,10 @@ class Report:
             for b in self.before if b.suite in after
         ]  # fmt: skip
 
-    def heldout_lines(self) -> list[tuple[str, str, str, str, str]]:
-        """(suite, tasks, greedy before ± SE, after ± SE, change in before-SEs): the
-        binomial standard error of the greedy pass rate."""
+    def heldout_lines(self) -> list[tuple[str, str, str, str, str, str]]:
+        """(suite, tasks, greedy before ± SE, after ± SE, change in before-SEs, tasks fixed
+        / broken with the change over its paired SE): the binomial standard error of the
+        greedy pass rate; the paired one compares the same tasks before and after."""
         after = {e.suite: e for e in self.after}
         out = []
         for b in self.before:
@@ -50,8 +51,11 @@ class Report:
             if a is None:
                 continue
             sigmas = (a.greedy_pass - b.greedy_pass) / b.greedy_se if b.greedy_se else math.nan
+            fixed, broken, se = paired_change(b.greedy_passed, a.greedy_passed, b.tasks)
+            z = f" ({(fixed - broken) / b.tasks / se:+.1f})" if se else ""
             out.append((b.suite, str(b.tasks), f"{b.greedy_pass:.3f} ± {b.greedy_se:.3f}",
-                        f"{a.greedy_pass:.3f} ± {a.greedy_se:.3f}", f"{sigmas:+.1f}"))  # fmt: skip
+                        f"{a.greedy_pass:.3f} ± {a.greedy_se:.3f}", f"{sigmas:+.1f}",
+                        f"+{fixed} / -{broken}{z}"))  # fmt: skip
         return out
 
     def run_figures(self) -> dict[str, Any]:
@@ -149,7 +153,8 @@ def markdown(report: Report, plot_path: Path | None) -> str:
     for suite, gb, ga, sb, sa in report.heldout_table():
         lines.append(f"| {suite} | {gb:.3f} | {ga:.3f} | {_rate(sb)} | {_rate(sa)} |")
     lines += ["", "| held-out suite | tasks | greedy pass@1 before ± SE | after ± SE "
-              "| change / SE(before) |", "|---|---|---|---|---|"]  # fmt: skip
+              "| change / SE(before) | tasks fixed / broken (change / paired SE) |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {' | '.join(line)} |" for line in report.heldout_lines()]
     lines += ["", "| measure | value |", "|---|---|"]
     lines.append(f"| pipeline minutes | {report.minutes:.2f} |")

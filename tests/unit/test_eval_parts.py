@@ -81,6 +81,27 @@ def test_judged_counts_greedy_and_samples_per_task() -> None:
     ok, no = Drawn(list(b"ok"), [], "stop"), Drawn(list(b"no"), [], "stop")
     r = asyncio.run(evaluate.judged(tasks, [[ok], [no]], [[ok, no], [no, no]], Text(), judge, 2))
     assert (r.greedy_pass, r.sampled_pass, r.passed) == (0.5, 0.25, [1, 0])
+    assert r.greedy_passed == ["0"]
+
+
+def test_paired_change_counts_fixed_and_broken_tasks() -> None:
+    fixed, broken, se = evaluate.paired_change(["a", "b", "c"], ["b", "c", "d", "e"], 10)
+    assert (fixed, broken) == (2, 1)
+    # McNemar: sqrt(f + b - (f - b)^2 / n) / n
+    assert math.isclose(se, math.sqrt(3 - 1 / 10) / 10)
+    assert evaluate.paired_change(["a"], ["a"], 5) == (0, 0, 0.0)
+    assert math.isnan(evaluate.paired_change([], [], 0)[2])
+
+
+def test_report_lines_carry_the_paired_change() -> None:
+    from services.rollout.report import Report
+
+    before = evaluate.EvalResult("code", 4, 0.25, math.nan, math.nan, greedy_passed=["a"])
+    after = evaluate.EvalResult("code", 4, 0.5, math.nan, math.nan, greedy_passed=["b", "c"])
+    rep = Report("p", 1.0, [], {}, [before], [after])
+    (line,) = rep.heldout_lines()
+    se = math.sqrt(3 - 1 / 4) / 4
+    assert line[4] == "+1.2" and line[5] == f"+2 / -1 ({0.25 / se:+.1f})"
 
 
 def test_tiny_policy_completes_task_by_task() -> None:
@@ -135,6 +156,10 @@ def test_figures_report_pass_at_k_up_to_the_samples() -> None:
                           1.0, load())  # fmt: skip
     assert list(fig["pass_at_k"]) == ["1", "2", "4"] and fig["greedy_se"] == 0.25
     assert evalcmd.table(fig).row_count == 4
+    r.task_ids, r.greedy_passed = ["a", "b", "c", "d"], ["b"]
+    fig = evalcmd.figures(r, "x", evalcmd.EvalRequest(suite="code", samples=4), 1.0, load())
+    assert fig["sampled_passed"] == {"a": 0, "b": 1, "c": 2, "d": 4}
+    assert fig["greedy_passed"] == ["b"]
 
 
 def test_two_turn_figures_and_table() -> None:
