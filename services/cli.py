@@ -222,6 +222,7 @@ def _register_areas() -> None:
     cli_dispatcher.register(app)
     cli_learner.register(app)
     cli_eval.register(app)
+    cli_eval.register_calibrate(app)
     cli_ops.register(app)
     cli_rollout.register(app)
     cli_chaos.register(app)

@@ -67,3 +67,42 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         Console().print(evalcmd.table(fig))
+
+
+def register_calibrate(app: typer.Typer) -> None:
+    """Add `rollstream calibrate`."""
+
+    @app.command("calibrate")
+    def calibrate(
+        out: Annotated[Path, typer.Argument(help="The calibration file to write (JSON).")],
+        sources: Annotated[
+            list[Path],
+            typer.Option(
+                "--from",
+                help="A `rollstream export --topic rewards` JSONL of a run, or a "
+                "`rollstream eval --samples K --json` figure; repeatable.",
+            ),
+        ],
+        model: Annotated[str, typer.Option(help="The model the counts are of.")] = "",
+        temperature: Annotated[
+            float | None, typer.Option(help="The sampling temperature of the counts.")
+        ] = None,
+    ) -> None:
+        """Per-task pass rates of a model from its scored samples, for feeder.calibration
+        (tasks measured outside feeder.pass_band are not fed)."""
+        from services.suites import calibration
+
+        cal = calibration.Calibration(model, temperature)
+        try:
+            for src in sources:
+                n = calibration.from_file(src, cal)
+                cal.sources.append(src.name)
+                typer.echo(f"{src}: {n} counted")
+        except (OSError, ValueError) as exc:
+            typer.echo(f"rollstream calibrate: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        out.write_text(json.dumps(cal.to_json(), indent=1) + "\n")
+        rates = [p / n for p, n in cal.tasks.values() if n]
+        zero = sum(1 for r in rates if r == 0)
+        typer.echo(f"{out}: {len(cal.tasks)} tasks, {zero} never passed, "
+                   f"{sum(1 for r in rates if r == 1)} always passed")  # fmt: skip

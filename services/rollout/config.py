@@ -94,8 +94,24 @@ class FeederSettings(Section):
     """With `adapt`: the smallest multiplier a suite's weight can get."""
     seed: int = 0
     """Seed of suite and task sampling."""
+    calibration: str | None = None
+    """Per-task pass rates of the model (services/suites/calibration.py): a file written
+    by `rollstream calibrate`, or the name of one shipped in services/suites/data/
+    (`smollm2-code`: SmolLM2-135M-Instruct on the code suite's train split at temperature
+    0.7). Tasks measured outside `pass_band` are not fed. Unset: every task is fed."""
+    pass_band: tuple[float, float] = (0.05, 0.95)
+    """With `calibration`: the measured pass rates (inclusive) of the tasks that are fed.
+    A group teaches only when its samples disagree, so tasks the model (almost) never
+    solves are left out; tasks never measured are fed."""
 
     @model_validator(mode="before")
     @classmethod
     def _text_forms(cls, data: Any) -> Any:
-        return _parse_text_fields(data, maps=("suites",), lists=("task_files",))
+        return _parse_text_fields(data, maps=("suites",), lists=("task_files", "pass_band"))
+
+    @model_validator(mode="after")
+    def _band(self) -> FeederSettings:
+        lo, hi = self.pass_band
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"feeder.pass_band {self.pass_band}: expected 0 <= low <= high <= 1")
+        return self

@@ -112,7 +112,21 @@ class Feeder:
             out += [Candidate(f"suite:{name}", i, t) for i, t in enumerate(train)]
         for path in self.cfg.task_files:
             out += self._file_tasks(Path(path))
-        return out
+        return self._calibrated(out)
+
+    def _calibrated(self, out: list[Candidate]) -> list[Candidate]:
+        """`out` less the tasks `feeder.calibration` measured outside `feeder.pass_band`."""
+        if self.cfg.calibration is None:
+            return out
+        from services.suites import calibration
+
+        cal = calibration.load(self.cfg.calibration)
+        tasks = [c.task for c in out if c.task is not None]
+        kept, left = calibration.select(tasks, cal, self.cfg.pass_band)
+        dropped = {id(t) for t in left}
+        log.info("calibration %s: %d tasks fed, %d measured outside the pass band %s left out",
+                 self.cfg.calibration, len(kept), len(left), self.cfg.pass_band)  # fmt: skip
+        return [c for c in out if c.task is None or id(c.task) not in dropped]
 
     def _file_tasks(self, path: Path) -> list[Candidate]:
         out: list[Candidate] = []

@@ -1,0 +1,156 @@
+"""Per-task starting pass rates of a model, and the band of tasks worth training on. Pure.
+
+RL on a small model learns from a group only when its samples disagree: a task the model
+never solves gives a group of failures whose differences are partial credit at most, and
+a task it always solves gives nothing. A calibration file records, per task, how many of
+a model's completions passed; with `feeder.calibration` set, the feeder feeds only the
+training tasks whose measured pass rate lies in `feeder.pass_band`. A task without
+measurements is fed (no evidence against it); a family member (metadata `family`, the
+same function with other constants) without measurements of its own takes the pooled
+counts of its family.
+
+File format (JSON, written by `rollstream calibrate`):
+
+    {"model": "smollm2", "temperature": 0.7, "sources": ["..."],
+     "tasks": {"code/abs_diff": [5, 8], ...}}      # task id -> [passed, completions]
+
+Counts come from scored trajectories (`rollstream export --topic rewards` of a run) and
+from `rollstream eval --json` figures (each sampled completion, and the greedy one, counts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.rollout import Task
+
+
+@dataclass
+class Calibration:
+    model: str = ""
+    """The model the counts were measured on (informational)."""
+    temperature: float | None = None
+    """The sampling temperature of the counted completions (informational)."""
+    sources: list[str] = field(default_factory=list)
+    """Where the counts came from (run prefixes, files)."""
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Task id -> (completions that passed, completions)."""
+
+    def add(self, task_id: str, passed: int, total: int) -> None:
+        if not 0 <= passed <= total:
+            raise ValueError(f"{task_id}: {passed} passed of {total} completions")
+        p, n = self.tasks.get(task_id, (0, 0))
+        self.tasks[task_id] = (p + passed, n + total)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "temperature": self.temperature, "sources": self.sources,
+                "tasks": {k: list(v) for k, v in sorted(self.tasks.items())}}  # fmt: skip
+
+
+PACKAGED = {"smollm2-code": "calibration-smollm2-code.json"}
+"""Calibrations shipped in services/suites/data/: name -> file."""
+
+
+def load(ref: str | Path) -> Calibration:
+    """A calibration file, or a packaged one by name (ValueError, naming it, when it is
+    missing or malformed)."""
+    path = Path(ref)
+    if str(ref) in PACKAGED:
+        path = Path(__file__).parent / "data" / PACKAGED[str(ref)]
+    try:
+        raw = json.loads(path.read_text())
+        cal = Calibration(str(raw.get("model", "")), raw.get("temperature"),
+                          [str(s) for s in raw.get("sources", [])])  # fmt: skip
+        for task_id, (passed, total) in dict(raw["tasks"]).items():
+            cal.add(str(task_id), int(passed), int(total))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"calibration {ref}: {exc}") from None
+    return cal
+
+
+def from_scored(records: Iterable[Mapping[str, Any]], cal: Calibration) -> int:
+    """Count `ScoredTrajectory` messages (as `rollstream export` writes them: objects with
+    a `message`, or the messages themselves); masked ones are left out. Returns how many
+    were counted."""
+    n = 0
+    for rec in records:
+        msg = rec.get("message", rec)
+        if msg.get("schema") != "ScoredTrajectory" or msg.get("masked"):
+            continue
+        cal.add(str(msg["trajectory"]["task_id"]), int(msg["outcome"] == "passed"), 1)
+        n += 1
+    return n
+
+
+def from_eval(fig: Mapping[str, Any], cal: Calibration) -> int:
+    """Count the completions of a `rollstream eval --json` figure that has per-task sampled
+    counts (`--samples K`); the greedy completion counts as one more. Returns the tasks."""
+    sampled, k = fig.get("sampled_passed") or {}, int(fig.get("samples") or 0)
+    if not sampled or k <= 0:
+        raise ValueError("an eval figure with per-task counts is needed (run it with --samples)")
+    greedy = set(fig.get("greedy_passed") or [])
+    for task_id, passed in sampled.items():
+        cal.add(task_id, int(passed) + (task_id in greedy), k + 1)
+    return len(sampled)
+
+
+def from_file(path: Path, cal: Calibration) -> int:
+    """Count a file: an eval figure (one JSON object with `sampled_passed`) or a JSONL of
+    exported records. Returns what `from_eval` / `from_scored` return."""
+    text = Path(path).read_text()
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, dict) and "sampled_passed" in whole:
+        return from_eval(whole, cal)
+    try:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError as exc:
+        raise ValueError(f"{path}: neither an eval figure nor JSONL records ({exc})") from None
+    n = from_scored(records, cal)
+    if not n:
+        raise ValueError(f"{path}: no ScoredTrajectory record (export the rewards topic)")
+    return n
+
+
+def family_counts(tasks: Iterable[Task], cal: Calibration) -> dict[str, tuple[int, int]]:
+    """Pooled (passed, completions) of each family (metadata `family`) among `tasks`."""
+    pools: dict[str, tuple[int, int]] = {}
+    for t in tasks:
+        family = (t.metadata or {}).get("family")
+        if family and t.task_id in cal.tasks:
+            p, n = pools.get(family, (0, 0))
+            q, m = cal.tasks[t.task_id]
+            pools[family] = (p + q, n + m)
+    return pools
+
+
+def pass_rate(
+    task: Task, cal: Calibration, families: Mapping[str, tuple[int, int]] | None = None
+) -> float | None:
+    """The task's measured pass rate: its own counts, else its family's pooled counts
+    (`families`, from `family_counts`), else None (never measured)."""
+    p, n = cal.tasks.get(task.task_id, (0, 0))
+    family = (task.metadata or {}).get("family")
+    if not n and family and families:
+        p, n = families.get(family, (0, 0))
+    return p / n if n else None
+
+
+def select(
+    tasks: list[Task], cal: Calibration, band: tuple[float, float]
+) -> tuple[list[Task], list[Task]]:
+    """(kept, left out): tasks measured outside `band` (inclusive bounds) are left out."""
+    lo, hi = band
+    families = family_counts(tasks, cal)
+    kept: list[Task] = []
+    out: list[Task] = []
+    for t in tasks:
+        rate = pass_rate(t, cal, families)
+        (kept if rate is None or lo <= rate <= hi else out).append(t)
+    return kept, out

@@ -1,0 +1,104 @@
+"""Per-task pass-rate calibration (services/suites/calibration.py) and the feeder's use of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schemas.rollout import Task
+from schemas.sandbox import VerifierSpec
+from services.suites import calibration as cb
+
+SPEC = VerifierSpec(name="python_tests", tests="from solution import f\n")
+
+
+def task(task_id: str, family: str = "") -> Task:
+    meta = {"family": family} if family else {}
+    return Task(task_id=task_id, suite="code", prompt="p", verifier=SPEC, group_size=8,
+                metadata=meta)  # fmt: skip
+
+
+def scored(task_id: str, outcome: str, masked: bool = False) -> dict:
+    msg = {"schema": "ScoredTrajectory", "trajectory": {"task_id": task_id},
+           "outcome": outcome, "masked": masked}  # fmt: skip
+    return {"topic": "p.rewards", "message": msg}
+
+
+def test_scored_records_count_passes_and_leave_masked_ones_out() -> None:
+    cal = cb.Calibration()
+    recs = [scored("a", "passed"), scored("a", "failed"), scored("a", "compile_error"),
+            scored("b", "passed", masked=True), {"message": {"schema": "Other"}}]  # fmt: skip
+    assert cb.from_scored(recs, cal) == 3
+    assert cal.tasks == {"a": (1, 3)}
+
+
+def test_eval_figures_count_samples_and_the_greedy_completion() -> None:
+    cal = cb.Calibration()
+    fig = {"samples": 3, "sampled_passed": {"a": 2, "b": 0}, "greedy_passed": ["b"]}
+    assert cb.from_eval(fig, cal) == 2
+    assert cal.tasks == {"a": (2, 4), "b": (1, 4)}
+    with pytest.raises(ValueError, match="--samples"):
+        cb.from_eval({"samples": 0, "greedy_passed": ["a"]}, cal)
+
+
+def test_select_keeps_the_band_unmeasured_tasks_and_pools_families() -> None:
+    cal = cb.Calibration(tasks={"hard": (0, 8), "mid": (3, 8), "easy": (8, 8),
+                                "add_2": (4, 8), "add_3": (2, 8)})  # fmt: skip
+    tasks = [task("hard"), task("mid"), task("easy"), task("new"),
+             task("add_2", "add"), task("add_3", "add"), task("add_9", "add"),
+             task("sub_1", "sub")]  # fmt: skip
+    kept, left = cb.select(tasks, cal, (0.05, 0.95))
+    assert [t.task_id for t in left] == ["hard", "easy"]
+    assert [t.task_id for t in kept] == ["mid", "new", "add_2", "add_3", "add_9", "sub_1"]
+    families = cb.family_counts(tasks, cal)
+    assert families == {"add": (6, 16)}
+    assert cb.pass_rate(task("add_9", "add"), cal, families) == 6 / 16
+    assert cb.pass_rate(task("sub_1", "sub"), cal, families) is None
+
+
+def test_files_round_trip_and_bad_ones_name_the_problem(tmp_path: Path) -> None:
+    cal = cb.Calibration("m", 0.7, ["run"], {"a": (1, 2)})
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal.to_json()))
+    assert cb.load(path) == cal
+    path.write_text(json.dumps({"tasks": {"a": [3, 2]}}))
+    with pytest.raises(ValueError, match="3 passed of 2"):
+        cb.load(path)
+    with pytest.raises(ValueError, match="calibration"):
+        cb.load(tmp_path / "missing.json")
+    exported = tmp_path / "rewards.jsonl"
+    exported.write_text("\n".join(json.dumps(scored("x", "passed")) for _ in range(2)))
+    assert cb.from_file(exported, cal) == 2 and cal.tasks["x"] == (2, 2)
+    exported.write_text('{"message": {"schema": "Trajectory"}}\n')
+    with pytest.raises(ValueError, match="no ScoredTrajectory"):
+        cb.from_file(exported, cal)
+
+
+def test_the_packaged_calibration_covers_the_code_suite() -> None:
+    from services import suites
+
+    cal = cb.load("smollm2-code")
+    train = suites.get("code").tasks("train")
+    heldout = {t.task_id for t in suites.get("code").tasks("heldout")}
+    assert not heldout & set(cal.tasks), "a held-out task was measured for training"
+    kept, left = cb.select(train, cal, (0.05, 0.95))
+    assert kept and left and len(kept) + len(left) == len(train)
+
+
+def test_the_feeder_leaves_out_tasks_measured_outside_the_band(tmp_path: Path) -> None:
+    from services.rollout.feeder import Feeder
+    from services.settings import Settings
+    from services.suites import get
+
+    train = [t.task_id for t in get("code").tasks("train")]
+    path = tmp_path / "cal.json"
+    counts = {train[0]: [0, 8], train[1]: [8, 8], train[2]: [3, 8]}
+    path.write_text(json.dumps({"tasks": counts}))
+    base = Settings()
+    cfg = base.feeder.model_copy(update={"suites": {"code": 1.0}, "calibration": str(path)})
+    fed = [c.task.task_id for c in Feeder(base.model_copy(update={"feeder": cfg})).candidates()
+           if c.task is not None]  # fmt: skip
+    assert train[0] not in fed and train[1] not in fed and train[2] in fed
+    assert set(fed) == set(train) - {train[0], train[1]}
