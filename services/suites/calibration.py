@@ -14,7 +14,7 @@ File format (JSON, written by `rollstream calibrate`):
     {"model": "smollm2", "temperature": 0.7, "sources": ["..."],
      "tasks": {"code/abs_diff": [5, 8], ...}}      # task id -> [passed, completions]
 
-Counts come from scored trajectories (`rollstream export --topic rewards` of a run) and
+Counts come from scored trajectories (a `rollstream export --topic rewards` log file) and
 from `rollstream eval --json` figures (each sampled completion, and the greedy one, counts).
 """
 
@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.rollout import Task
+from schemas.envelope import Message
+from schemas.rollout import ScoredTrajectory, Task
+from schemas.sandbox import Outcome
 
 
 @dataclass
@@ -72,17 +74,14 @@ def load(ref: str | Path) -> Calibration:
     return cal
 
 
-def from_scored(records: Iterable[Mapping[str, Any]], cal: Calibration) -> int:
-    """Count `ScoredTrajectory` messages (as `rollstream export` writes them: objects with
-    a `message`, or the messages themselves); masked ones are left out. Returns how many
-    were counted."""
+def from_scored(messages: Iterable[Message], cal: Calibration) -> int:
+    """Count the `ScoredTrajectory` messages among `messages` (other kinds and masked ones
+    are left out). Returns how many were counted."""
     n = 0
-    for rec in records:
-        msg = rec.get("message", rec)
-        if msg.get("schema") != "ScoredTrajectory" or msg.get("masked"):
-            continue
-        cal.add(str(msg["trajectory"]["task_id"]), int(msg["outcome"] == "passed"), 1)
-        n += 1
+    for msg in messages:
+        if isinstance(msg, ScoredTrajectory) and not msg.masked:
+            cal.add(msg.trajectory.task_id, int(msg.outcome == Outcome.PASSED), 1)
+            n += 1
     return n
 
 
@@ -99,20 +98,19 @@ def from_eval(fig: Mapping[str, Any], cal: Calibration) -> int:
 
 
 def from_file(path: Path, cal: Calibration) -> int:
-    """Count a file: an eval figure (one JSON object with `sampled_passed`) or a JSONL of
-    exported records. Returns what `from_eval` / `from_scored` return."""
-    text = Path(path).read_text()
-    try:
-        whole = json.loads(text)
-    except ValueError:
-        whole = None
-    if isinstance(whole, dict) and "sampled_passed" in whole:
-        return from_eval(whole, cal)
-    try:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except ValueError as exc:
-        raise ValueError(f"{path}: neither an eval figure nor JSONL records ({exc})") from None
-    n = from_scored(records, cal)
+    """Count a file: an eval figure (one JSON object with `sampled_passed`) or a log file
+    of `rollstream export` (JSONL or MessagePack, services/logfiles.py). Returns what
+    `from_eval` / `from_scored` return."""
+    from services import logfiles
+
+    if logfiles.kind_of(path) == "jsonl" and not path.name.endswith(".gz"):
+        try:
+            whole = json.loads(path.read_text())
+        except ValueError:  # JSON Lines, not one document
+            whole = None
+        if isinstance(whole, dict) and "sampled_passed" in whole:
+            return from_eval(whole, cal)
+    n = from_scored((e.message for e in logfiles.read_file(path)), cal)
     if not n:
         raise ValueError(f"{path}: no ScoredTrajectory record (export the rewards topic)")
     return n

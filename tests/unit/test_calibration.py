@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas.rollout import Task
-from schemas.sandbox import VerifierSpec
+from schemas import codec
+from schemas.rollout import ScoredTrajectory, Task, Trajectory
+from schemas.sandbox import Outcome, VerifierSpec
+from services import logfiles
 from services.suites import calibration as cb
 
 SPEC = VerifierSpec(name="python_tests", tests="from solution import f\n")
@@ -20,16 +22,17 @@ def task(task_id: str, family: str = "") -> Task:
                 metadata=meta)  # fmt: skip
 
 
-def scored(task_id: str, outcome: str, masked: bool = False) -> dict:
-    msg = {"schema": "ScoredTrajectory", "trajectory": {"task_id": task_id},
-           "outcome": outcome, "masked": masked}  # fmt: skip
-    return {"topic": "p.rewards", "message": msg}
+def scored(task_id: str, outcome: str, masked: bool = False) -> ScoredTrajectory:
+    traj = Trajectory(task_id=task_id, group_id="g", group_size=8, verifier=SPEC)
+    why = "sandbox_error after 3 attempts" if masked else ""
+    return ScoredTrajectory(trajectory=traj, reward=0.0, outcome=Outcome(outcome), masked=masked,
+                            mask_reason=why)  # fmt: skip
 
 
 def test_scored_records_count_passes_and_leave_masked_ones_out() -> None:
     cal = cb.Calibration()
     recs = [scored("a", "passed"), scored("a", "failed"), scored("a", "compile_error"),
-            scored("b", "passed", masked=True), {"message": {"schema": "Other"}}]  # fmt: skip
+            scored("b", "passed", masked=True), scored("c", "passed").trajectory]  # fmt: skip
     assert cb.from_scored(recs, cal) == 3
     assert cal.tasks == {"a": (1, 3)}
 
@@ -69,9 +72,12 @@ def test_files_round_trip_and_bad_ones_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="calibration"):
         cb.load(tmp_path / "missing.json")
     exported = tmp_path / "rewards.jsonl"
-    exported.write_text("\n".join(json.dumps(scored("x", "passed")) for _ in range(2)))
+    exported.write_bytes(b"".join(logfiles.json_line(scored("x", "passed")) for _ in range(2)))
     assert cb.from_file(exported, cal) == 2 and cal.tasks["x"] == (2, 2)
-    exported.write_text('{"message": {"schema": "Trajectory"}}\n')
+    packed = tmp_path / "rewards.msgpack"
+    packed.write_bytes(codec.encode(scored("x", "failed")))
+    assert cb.from_file(packed, cal) == 1 and cal.tasks["x"] == (2, 3)
+    exported.write_bytes(logfiles.json_line(scored("x", "passed").trajectory))
     with pytest.raises(ValueError, match="no ScoredTrajectory"):
         cb.from_file(exported, cal)
 
