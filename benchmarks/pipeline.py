@@ -1,8 +1,9 @@
 """rollstream's asynchronous pipeline vs the classic synchronous RL loop vs TRL, in one run.
 
 Same tasks, same initial policy (one supervised warm-up, shared), same learner settings,
-same Docker sandbox (a warm pool of `--pool` hardened containers), same machine, for
-`--seeds` seeds each:
+same Docker sandbox (a warm pool of `--pool` hardened containers), same task mix (in (a)
+a backed-up sandbox tier pauses every suite, `feeder.sandbox_backpressure = "all"`), same
+machine, for `--seeds` seeds each:
 
 (a) async: the demo's pipeline (benchmarks/pipeline_async.py) for `--minutes`;
 (b) sync: one process, sample a batch -> score it all -> one step (pipeline_sync.py);
@@ -21,7 +22,7 @@ over seeds, `time-to-target ratio` (sync / async), samples/s and their ratio, st
 half the median rate, TRL's samples/s and reward per minute. Writes
 <report-dir>/<bench prefix>/pipeline.json and throughput.png.
 
-    .venv/bin/python benchmarks/pipeline.py [--minutes 1.5] [--seeds 3] [--pool 4]
+    .venv/bin/python benchmarks/pipeline.py [--minutes 3] [--seeds 3] [--pool 16]
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path, seed:
             f"demo.eval_tasks={args.eval_tasks}", "demo.drain_s=10",
             f"sandbox.pool_size={args.pool}", f"feeder.suites=arith={1 - share},pyslow={share}",
             f"feeder.task_files={task_file}", f"feeder.seed={seed}",
-            # the same task mix in both modes: no sandbox-aware pausing of pyslow
+            # the same task mix in both modes: a backed-up sandbox tier pauses every suite
             f"feeder.max_sandbox_backlog={args.max_sandbox_backlog}",
+            f"feeder.sandbox_backpressure={args.backpressure}",
             f"learner.seed={seed}", f"generator.seed={seed}", *args.set,
         ]
     )  # fmt: skip
@@ -258,16 +260,18 @@ def main() -> None:
     import msgspec
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--minutes", type=float, default=1.5, help="wall-clock budget per run")
+    ap.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget per run")
     ap.add_argument("--seeds", type=int, default=3, help="runs per mode")
-    ap.add_argument("--pool", type=int, default=4, help="sandbox containers (all modes)")
+    ap.add_argument("--pool", type=int, default=16, help="sandbox containers (all modes)")
     ap.add_argument("--slow-share", type=float, default=0.3, help="weight of pyslow tasks")
     ap.add_argument("--cost", choices=sorted(pm.COSTS), default="pareto",
                     help="distribution of the verification cost of pyslow tasks")  # fmt: skip
-    ap.add_argument("--eval-tasks", type=int, default=100, help="held-out arith tasks")
+    ap.add_argument("--eval-tasks", type=int, default=193, help="held-out arith tasks (193: all)")
     ap.add_argument("--eval-every", type=float, default=10.0, help="seconds between snapshots")
-    ap.add_argument("--max-sandbox-backlog", type=int, default=0,
-                    help="feeder flow control in (a); 0 keeps the mix equal to (b)'s")  # fmt: skip
+    ap.add_argument("--max-sandbox-backlog", type=int, default=32,
+                    help="(a): sandbox requests waiting before a pause; 0: never")  # fmt: skip
+    ap.add_argument("--backpressure", choices=("all", "suites"), default="all",
+                    help="(a): what pauses then; `all` keeps (b)'s task mix")  # fmt: skip
     ap.add_argument("--startup-s", type=float, default=30.0,
                     help="(a): extra budget for its processes to start (not measured)")  # fmt: skip
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".venv-trl" / "bin" / "python")

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from sandbox_workers import execio, reaper
 from sandbox_workers.hardening import (
@@ -39,6 +42,7 @@ from sandbox_workers.hardening import (
 from sandbox_workers.protocol import Execution
 
 log = logging.getLogger("rollstream.sandbox.pool")
+T = TypeVar("T")
 
 SERVER_ARGV: Final = [
     "python3", "-I", "-S", "-c",
@@ -109,6 +113,12 @@ class ContainerPool:
         self._closing = asyncio.Event()
         self._claimed: set[int] = set()
         self._lock = threading.Lock()
+        # Its own threads: asyncio's default executor has min(32, cores + 4) of them, 6 on a
+        # 2-core machine, which silently capped a pool of 12 at 6 jobs running at once.
+        # Every container may run a job and settle the one before it at the same moment.
+        self._threads = ThreadPoolExecutor(
+            max_workers=2 * cfg.size + 4, thread_name_prefix=f"sandbox-pool-{self.pool_id}"
+        )
 
     async def start(self) -> None:
         import docker
@@ -117,18 +127,23 @@ class ContainerPool:
             base_url=self.cfg.docker_endpoint, timeout=120, max_pool_size=self.cfg.size * 2 + 8
         )
         try:
-            image = await asyncio.to_thread(self._client.images.get, self.cfg.image)
+            image = await self._call(self._client.images.get, self.cfg.image)
         except docker.errors.ImageNotFound as exc:
             raise RuntimeError(
                 f"sandbox image {self.cfg.image} not found: run `rollstream up --only image`"
             ) from exc
         self.image_digest = str(image.id)
-        await asyncio.to_thread(reaper.reap_orphans, self._client)
+        await self._call(reaper.reap_orphans, self._client)
         slots = await asyncio.gather(
-            *(asyncio.to_thread(self._create) for _ in range(self.cfg.size))
+            *(self._call(self._create) for _ in range(self.cfg.size))
         )
         for slot in slots:
             self._idle.put_nowait(slot)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` (blocking Docker calls) on the pool's own threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(fn, *args, **kwargs))
 
     def _claim_block(self) -> int:
         """A uid block no container of the engine uses and no creation of ours claims."""
@@ -195,7 +210,7 @@ class ContainerPool:
             return Execution(None, error="no sandbox container became available in time")
         waited = time.monotonic() - t0
         try:
-            ex = await asyncio.to_thread(self._run_in, slot, job, limit_s)
+            ex = await self._call(self._run_in, slot, job, limit_s)
         except asyncio.CancelledError:
             self._replace(slot)
             raise
@@ -266,7 +281,7 @@ class ContainerPool:
 
     def _settle(self, slot: Slot) -> Any:
         async def settle() -> None:
-            clean = await asyncio.to_thread(self._await_clean, slot)
+            clean = await self._call(self._await_clean, slot)
             if clean and not self._closed:
                 self._idle.put_nowait(slot)
             else:
@@ -310,11 +325,11 @@ class ContainerPool:
 
     async def _renew(self, old: Slot) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self._retire, old)
+            await self._call(self._retire, old)
         delay = 0.5
         while not self._closed:
             try:
-                slot = await asyncio.to_thread(self._create)
+                slot = await self._call(self._create)
             except Exception as exc:
                 log.error("cannot create a sandbox container (retrying in %.0fs): %s", delay, exc)
                 with contextlib.suppress(TimeoutError):
@@ -322,7 +337,7 @@ class ContainerPool:
                 delay = min(delay * 2, 30.0)
                 continue
             if self._closed:
-                await asyncio.to_thread(self._retire, slot)
+                await self._call(self._retire, slot)
             else:
                 self._idle.put_nowait(slot)
             return
@@ -345,15 +360,18 @@ class ContainerPool:
         while self._tasks:  # settling jobs may start replacements: wait for those too
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._client is None:
+            await asyncio.to_thread(self._threads.shutdown)
             return
         while not self._idle.empty():
             slot = self._idle.get_nowait()
             if slot.session is not None:
                 slot.session.close()
-        mine = await asyncio.to_thread(
+        mine = await self._call(
             self._client.api.containers,  # low-level: no inspect that a removal could fail
             all=True,
             filters={"label": f"{reaper.POOL_LABEL}={self.pool_id}"},
         )
-        await asyncio.gather(*(asyncio.to_thread(self._remove, str(c["Id"])) for c in mine))
-        await asyncio.to_thread(self._client.close)
+        await asyncio.gather(*(self._call(self._remove, str(c["Id"])) for c in mine))
+        await self._call(self._client.close)
+        # A job still running ends with its removed container; its thread then exits too.
+        await asyncio.to_thread(self._threads.shutdown)

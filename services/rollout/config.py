@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -80,6 +80,11 @@ class FeederSettings(Section):
     sandbox workers' committed offsets), suites whose verifier runs in the sandbox are not
     sampled: their samples would only queue and reach the learner too stale to train on.
     0: no limit."""
+    sandbox_backpressure: Literal["suites", "all"] = "suites"
+    """What pauses while the sandbox tier is past `max_sandbox_backlog`. `suites`: only the
+    suites verified in the sandbox (the others keep flowing at full speed, so the training
+    mix leans towards them). `all`: every suite, so the mix stays as weighted and the whole
+    pipeline runs at the sandbox tier's pace."""
     max_tasks: int = Field(default=0, ge=0)
     """Stop after publishing this many tasks (0: run until stopped)."""
     check_references: bool = True

@@ -14,7 +14,9 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
 - Flow control: at most `feeder.max_backlog` tasks wait for the generators (published
   minus the generators' committed offsets), at most `feeder.rate` per second; suites
   verified in the sandbox pause while the sandbox tier has more than
-  `feeder.max_sandbox_backlog` requests waiting (their samples would arrive too stale).
+  `feeder.max_sandbox_backlog` requests waiting (their samples would arrive too stale);
+  with `feeder.sandbox_backpressure = "all"` every suite pauses, so the mix stays as
+  weighted and throughput follows the sandbox tier.
 - `feeder.adapt`: suite weights follow the share of each suite's recent groups whose
   rewards differ (sampler.adapt_multipliers), and within a suite a task whose groups'
   rewards are all equal is skipped more often (sampler.task_multiplier).
@@ -83,6 +85,7 @@ class Feeder:
         self.sandboxed: set[str] = set()
         """Suites with tasks verified in the sandbox tier (flow control)."""
         self._sandbox_checked = 0.0
+        self._sandbox_backed_up = False
         self.producer: Any = None
         self.reader: Any = None
         self.admin: Any = None
@@ -263,6 +266,9 @@ class Feeder:
             if self.cfg.max_tasks and published >= self.cfg.max_tasks:
                 return
             await self._sandbox_flow()
+            if self._sandbox_backed_up and self.cfg.sandbox_backpressure == "all":
+                await self._sleep(0.1)
+                continue
             task = self.sampler.next()
             if task is None:
                 admitted = self._admitting is None or self._admitting.done()
@@ -321,17 +327,20 @@ class Feeder:
         return published - await self._retrying(kafka.committed, self.admin, group, requests)
 
     async def _sandbox_flow(self) -> None:
-        """Pause the sandboxed suites while the sandbox tier is backed up (checked at most
-        every 0.5 s)."""
+        """Pause the sandboxed suites (or, with sandbox_backpressure "all", every suite)
+        while the sandbox tier is backed up (checked at most every 0.2 s)."""
         limit = self.cfg.max_sandbox_backlog
-        if not limit or not self.sandboxed or time.monotonic() - self._sandbox_checked < 0.5:
+        if not limit or not self.sandboxed or time.monotonic() - self._sandbox_checked < 0.2:
             return
         self._sandbox_checked = time.monotonic()
         backed_up = await self.sandbox_backlog() > limit
-        if backed_up != bool(self.sampler.paused):
+        every = self.cfg.sandbox_backpressure == "all"
+        if backed_up != self._sandbox_backed_up:
             state = "paused" if backed_up else "resumed"
-            log.info("sandbox backlog: %s suites %s", state, sorted(self.sandboxed))
-        self.sampler.paused = set(self.sandboxed) if backed_up else set()
+            which = "all suites" if every else f"suites {sorted(self.sandboxed)}"
+            log.info("sandbox backlog: %s %s", state, which)
+        self._sandbox_backed_up = backed_up
+        self.sampler.paused = set(self.sandboxed) if backed_up and not every else set()
 
     async def _wait_backlog(self) -> None:
         while not self._stop.is_set() and await self.backlog() >= self.cfg.max_backlog:

@@ -6,6 +6,7 @@ holds until the generators' group takes tasks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -189,3 +190,40 @@ async def test_sandboxed_suites_pause_while_the_sandbox_is_backed_up(
 
     assert await fed_suites(16) == {"arith"}
     assert await fed_suites(0) == {"arith", "pyfunc"}
+
+    # sandbox_backpressure "all": nothing is fed while the tier is backed up ...
+    cfg = base.feeder.model_copy(
+        update={
+            "suites": {"arith": 1.0, "pyfunc": 1.0}, "max_tasks": 40, "max_backlog": 1000,
+            "check_references": False, "max_sandbox_backlog": 16, "sandbox_backpressure": "all",
+        }
+    )  # fmt: skip
+    feeder = Feeder(base.model_copy(update={"feeder": cfg}))
+    running = asyncio.create_task(feeder.run())
+    try:
+        await asyncio.sleep(4)
+        assert not running.done()
+        assert feeder.summary.published == {}
+        await _drain_sandbox_requests(base)  # ... and both suites once it has drained
+        summary = await asyncio.wait_for(running, 60)
+    finally:
+        feeder.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(running, 30)
+    assert set(summary.published) == {"arith", "pyfunc"}
+    assert sum(summary.published.values()) == 40
+
+
+async def _drain_sandbox_requests(s: Settings) -> None:
+    """Commit the sandbox workers' group to the end of `sandbox.requests`, as workers that
+    took every request would."""
+    name = kafka.topic(s, topics.SANDBOX_REQUESTS)
+    taker = kafka.consumer(s, "test-drain", group_id=kafka.group(s, topics.SANDBOX_WORKERS))
+    await taker.start()
+    try:
+        parts = await kafka.topic_partitions(s, [name])
+        taker.assign(parts)
+        ends = await taker.end_offsets(parts)
+        await taker.commit({tp: off for tp, off in ends.items()})
+    finally:
+        await taker.stop()
