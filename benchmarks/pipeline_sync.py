@@ -17,8 +17,14 @@ from services.settings import Settings
 
 
 async def sync_run(
-    s: Settings, state: dict[str, Any], tasks: list[Task], minutes: float, eval_every_s: float
+    s: Settings,
+    state: dict[str, Any],
+    tasks: list[Task],
+    minutes: float,
+    eval_every_s: float,
+    threads: int = 1,
 ) -> dict[str, Any]:
+    """`threads`: torch CPU threads for sampling and training (0: torch's default)."""
     import torch
 
     from learner.spec import make_policy
@@ -29,7 +35,8 @@ async def sync_run(
     from services.rollout.textcodec import for_policy
     from services.sandbox_wiring import docker_sandbox
 
-    torch.set_num_threads(1)
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(s.learner.seed)
     policy = make_policy(resolved(s))
     policy.load_weights(state)

@@ -134,9 +134,7 @@ class ContainerPool:
             ) from exc
         self.image_digest = str(image.id)
         await self._call(reaper.reap_orphans, self._client)
-        slots = await asyncio.gather(
-            *(self._call(self._create) for _ in range(self.cfg.size))
-        )
+        slots = await asyncio.gather(*(self._call(self._create) for _ in range(self.cfg.size)))
         for slot in slots:
             self._idle.put_nowait(slot)
 
