@@ -17,15 +17,15 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
   `feeder.max_sandbox_backlog` requests waiting (their samples would arrive too stale);
   with `feeder.sandbox_backpressure = "all"` every suite pauses, so the mix stays as
   weighted and throughput follows the sandbox tier.
-- `feeder.adapt`: suite weights follow the share of each suite's recent groups whose
-  rewards differ (sampler.adapt_multipliers), and within a suite a task whose groups'
-  rewards are all equal is skipped more often (sampler.task_multiplier).
+- `feeder.adapt` (services/rollout/adapting.py): suite weights follow the share of each
+  suite's recent groups whose rewards differ (sampler.adapt_multipliers), and within a
+  suite a task whose groups' rewards are all equal is skipped more often
+  (sampler.task_multiplier).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -38,18 +38,13 @@ import msgspec
 
 from sandbox_workers.verifiers import InProcessVerifier, default_registry
 from schemas import topics
-from schemas.codec import SchemaError
 from schemas.envelope import new_id, now
-from schemas.rollout import ScoredTrajectory, Task
+from schemas.rollout import Task
 from schemas.sandbox import Outcome, SandboxRequest
 from services import kafka, suites
 from services.rollout import admission
-from services.rollout.sampler import (
-    GroupTally,
-    SuiteSampler,
-    adapt_multipliers,
-    task_multiplier,
-)
+from services.rollout.adapting import follow_rewards
+from services.rollout.sampler import SuiteSampler
 from streams.groups import extract_code
 
 if TYPE_CHECKING:
@@ -250,7 +245,9 @@ class Feeder:
             await self.start()
             self._admitting = asyncio.create_task(self.admit_all(self.candidates()))
             if self.cfg.adapt:
-                self._adapting = asyncio.create_task(self._adapt())
+                self._adapting = asyncio.create_task(
+                    follow_rewards(self.settings, self.claim, self.sampler, self.cfg.adapt_floor)
+                )
             await self.feed()
         finally:
             await self.close()
@@ -350,35 +347,6 @@ class Feeder:
         if seconds > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), seconds)
-
-    # -- adaptive suite weights -----------------------------------------------------------
-
-    async def _adapt(self) -> None:
-        """Follow `rewards` (from now on) and update the suites' weight multipliers."""
-        consumer = kafka.consumer(self.settings, "rollstream-feeder-rewards")
-        await consumer.start()
-        tally = GroupTally()
-        history: dict[str, collections.deque[bool]] = {}
-        rewards = kafka.topic(self.settings, topics.REWARDS)
-        try:
-            await kafka.assign_all(self.settings, consumer, [rewards], "end")
-            while True:
-                batches = await consumer.getmany(timeout_ms=1000)
-                for rec in (r for rs in batches.values() for r in rs):
-                    try:
-                        scored = await self.claim.unpack(rec.value or b"", ScoredTrajectory)
-                    except SchemaError:
-                        continue  # the learner dead-letters bad rewards
-                    t = scored.trajectory
-                    done = tally.add(t.group_id, t.suite, t.group_size, scored.reward)
-                    if done is not None:
-                        history.setdefault(t.suite, collections.deque(maxlen=50)).append(done)
-                        chances = self.sampler.task_multipliers
-                        old = chances.get(t.task_id, 1.0)
-                        chances[t.task_id] = task_multiplier(old, done, self.cfg.adapt_floor)
-                self.sampler.multipliers = adapt_multipliers(history, self.cfg.adapt_floor)
-        finally:
-            await consumer.stop()
 
 
 @dataclass
