@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from benchmarks import pipeline_measure as pm  # noqa: E402
+from benchmarks.cpu import busy_cpu_s  # noqa: E402
 from schemas.rollout import Task  # noqa: E402
 from services import suites  # noqa: E402
 from services.settings import Settings, load  # noqa: E402
@@ -114,6 +116,7 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
 
     prefix = f"{ctx['prefix']}-{mode}{seed}"
     s = bench_settings(args, prefix, ctx["task_file"], seed)
+    wall0, busy0 = time.monotonic(), busy_cpu_s()
     if mode == "sync":
         tasks, threads = ctx["tasks"], args.sync_threads
         raw = asyncio.run(sync_run(s, ctx["state"], tasks, args.minutes, args.eval_every, threads))
@@ -122,6 +125,8 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
         s = s.model_copy(update={"demo": s.demo.model_copy(update={
             "budget_minutes": args.minutes + args.startup_s / 60})})  # fmt: skip
         raw = asyncio.run(async_run(s, ctx["state"], ctx["console"], args.eval_every, args.minutes))
+    # share of the machine's CPU busy during the run (async: start-up and drain included)
+    raw["cpu_busy"] = (busy_cpu_s() - busy0) / ((time.monotonic() - wall0) * (os.cpu_count() or 1))
     raw["heldout"] = asyncio.run(pm.curve(s, raw.pop("snapshots"), args.eval_tasks))
     raw["throughput"] = pm.rates(raw.pop("times"), until=raw["seconds"])
     samples = raw.get("samples", len(raw["log"]))
@@ -182,6 +187,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "time_to_target": pm.median([r["time_to_target"] for r in rs]),
             "samples_per_s": pm.median([r["samples_per_s"] for r in rs]),
             "stale_pct": pm.median([r["stale_pct"] for r in rs]),
+            "cpu_busy": pm.median([r["cpu_busy"] for r in rs]),
             "initial_heldout": rs[0]["heldout"][0][1],
         }
     a, b = out["async"], out["sync"]
@@ -220,6 +226,8 @@ def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console:
     console.print(f"time-to-target ratio {sm['ttt_ratio']:.2f}")
     console.print(f"samples/s ratio {sm['sps_ratio']:.2f}")
     console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
+    console.print(f"machine CPU busy: async {sm['async']['cpu_busy']:.0%}, "
+                  f"sync {sm['sync']['cpu_busy']:.0%} (medians)")  # fmt: skip
     console.print(f"throughput after the first minute (async): {sm['async_dip']}")
     (out_dir / "pipeline.json").write_text(
         json.dumps({"summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)

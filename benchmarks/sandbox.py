@@ -13,8 +13,10 @@ One process, one run, the same job (a 2-line `add` and 3 tests), the same concur
    long-lived job server, which forks pre-imported processes per job;
 6. docker run: a fresh hardened container per job (create, start, attach, wait, remove).
 
-Latency is per job, from submission to result. Throughput is jobs / wall time. The modes
-run in interleaved rounds, so on a shared machine each sees the same background load.
+Latency is per job, from submission to result. Throughput is jobs / wall time. CPU per job
+is the whole machine's busy CPU time (/proc/stat) while the mode ran, divided by its jobs:
+what a job costs on a machine whose cores are all in use. The modes run in interleaved
+rounds, so on a shared machine each sees the same background load.
 
     .venv/bin/python benchmarks/sandbox.py [--n 200] [--n-run 40] [--rounds 5] [--concurrency 2]
 """
@@ -36,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cpu import busy_cpu_s  # noqa: E402
 from sandbox_workers.hardening import (  # noqa: E402
     SERVER_CAPS,
     SERVER_USER,
@@ -134,6 +137,7 @@ class Stats:
     def __init__(self) -> None:
         self.latencies: list[float] = []
         self.wall = 0.0
+        self.cpu = 0.0
         self.ok = 0
 
     def row(self) -> dict[str, Any]:
@@ -143,6 +147,7 @@ class Stats:
             "n": n,
             "ok": self.ok,
             "rate": n / self.wall,
+            "cpu_ms": self.cpu / max(n, 1) * 1000,
             "p50": statistics.median(lat) * 1000,
             "p95": lat[max(0, int(0.95 * n) - 1)] * 1000,
         }
@@ -159,9 +164,10 @@ async def measure(job: Callable[[], Awaitable[bool]], n: int, conc: int, stats: 
             stats.latencies.append(time.perf_counter() - t0)
             stats.ok += passed
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), busy_cpu_s()
     await asyncio.gather(*(timed() for _ in range(n)))
     stats.wall += time.perf_counter() - t0
+    stats.cpu += busy_cpu_s() - c0
 
 
 async def main() -> None:
@@ -206,9 +212,10 @@ async def main() -> None:
     rows = [(name, stats[name].row()) for name, _, _ in modes]
     print(f"python_tests job (add + 3 tests), concurrency {c}, {os.cpu_count()} CPUs, "
           f"{rounds} interleaved rounds")  # fmt: skip
-    print(f"{'mode':<38} {'jobs':>5} {'ok':>5} {'exec/s':>8} {'p50 ms':>8} {'p95 ms':>8}")
+    print(f"{'mode':<38} {'jobs':>5} {'ok':>5} {'exec/s':>8} {'p50 ms':>8} {'p95 ms':>8} "
+          f"{'CPU ms':>7}")  # fmt: skip
     for name, r in rows:
-        cells = [f"{r[k]:>8.1f}" for k in ("rate", "p50", "p95")]
+        cells = [f"{r[k]:>8.1f}" for k in ("rate", "p50", "p95")] + [f"{r['cpu_ms']:>7.1f}"]
         print(f"{name:<38} {r['n']:>5} {r['ok']:>5} " + " ".join(cells))
     naive, floor = rows[0][1]["rate"], rows[1][1]["rate"]
     for label, row in (("docker exec", rows[2][1]), ("job server", rows[4][1])):
