@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +198,17 @@ def _cluster_id(settings: Settings) -> str:
             for line in meta.read_text().splitlines():
                 if line.startswith("cluster.id="):
                     return line.partition("=")[2].strip()
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return new_cluster_id()
+
+
+def new_cluster_id(draw: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A random cluster id (16 bytes, URL-safe base64, as `kafka-storage random-uuid`
+    makes them), drawn again while it starts with `-`: the storage tool's argument parser
+    would read such an id as an option (1 draw in 64 failed to format the data dirs)."""
+    while True:
+        cid = base64.urlsafe_b64encode(draw()).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 def ensure_formatted(settings: Settings, lib: Path, node: Node | None = None) -> Path:

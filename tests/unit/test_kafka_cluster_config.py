@@ -64,3 +64,10 @@ def test_replication_follows_the_broker_count() -> None:
     assert [replication(n) for n in (1, 2, 3, 5)] == [1, 1, 3, 3]
     assert "min.insync.replicas" not in topic_configs(registry.TRAJECTORIES, 1)
     assert topic_configs(registry.TRAJECTORIES, 3)["min.insync.replicas"] == "2"
+
+
+def test_new_cluster_id_never_starts_with_a_dash() -> None:
+    draws = iter([b"\xf8" + bytes(15), b"\x10" + bytes(15)])  # the first encodes to "-..."
+    cid = kafka.new_cluster_id(lambda: next(draws))
+    assert cid == "EAAAAAAAAAAAAAAAAAAAAA"
+    assert len(kafka.new_cluster_id()) == 22
