@@ -2,13 +2,17 @@
 
 Batch after batch: sample a batch of groups -> score every sample (in-process verifier, or
 the sandbox pool, each job under its timeout) and wait for the slowest -> one learner step
--> repeat, for `minutes`. Weight snapshots every `eval_every_s` seconds for the held-out
-curve (evaluated after the run, off the clock).
+-> repeat, for `minutes`. The batch follows the learner's rule: with
+`learner.skip_no_signal` the samples of advantage 0 are left out (learner/signal.py), and
+the loop samples and scores again until `batch_tokens` of samples that teach are in hand
+(each further round sized by the share of them seen so far). Weight snapshots every
+`eval_every_s` seconds for the held-out curve (evaluated after the run, off the clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -51,12 +55,10 @@ async def sync_run(
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
     steps, t0 = 0, time.monotonic()
     try:
+        tally = [0, 0]  # tokens scored, and of them kept for training
         while time.monotonic() - t0 < minutes * 60:
-            groups = _sample_batch(policy, text, sampler, s, rng)
-            scored = await _score(groups, judges, text)
-            now = time.monotonic() - t0
-            log += [(now, r) for _, rs in scored for r in rs if r is not None]
-            batch = _samples(scored)
+            sample = functools.partial(_sample_batch, policy, text, sampler, s, rng)
+            batch = await _batch(sample, judges, text, s, log, tally, (t0, t0 + minutes * 60))
             if batch:
                 await asyncio.to_thread(trainer.step, batch)
                 steps += 1
@@ -71,10 +73,41 @@ async def sync_run(
             "snapshots": snapshots, "stale_drops": 0, "settled": len(log)}  # fmt: skip
 
 
-def _sample_batch(policy: Any, text: Any, sampler: Any, s: Settings, rng: Any) -> list[tuple]:
-    """Groups (task, prompt ids, completions) until the learner's token budget is full."""
+async def _batch(
+    sample: Any,
+    judges: dict[bool, Any],
+    text: Any,
+    s: Settings,
+    log: list,
+    tally: list[int],
+    span: tuple[float, float],
+) -> list[Any]:
+    """Sample and score rounds until `batch_tokens` of trainable samples are in hand (one
+    round unless samples are left out); each further round is sized by the share kept so
+    far (`tally`: tokens scored, tokens kept). Appends (seconds, reward) to `log`."""
+    batch: list[Any] = []
+    while time.monotonic() < span[1]:
+        want = s.learner.batch_tokens - sum(x.length for x in batch)
+        if want <= 0:
+            break
+        share = max(tally[1] / tally[0], 0.2) if tally[1] else 1.0
+        groups = sample(int(want / share))
+        scored = await _score(groups, judges, text)
+        now = time.monotonic() - span[0]
+        log += [(now, r) for _, rs in scored for r in rs if r is not None]
+        fresh = _samples(scored, s)
+        tally[0] += sum(len(ids) + len(c.tokens) for _, ids, cs in groups for c in cs)
+        tally[1] += sum(x.length for x in fresh)
+        batch += fresh
+    return batch
+
+
+def _sample_batch(
+    policy: Any, text: Any, sampler: Any, s: Settings, rng: Any, budget: int
+) -> list[tuple]:
+    """Groups (task, prompt ids, completions) until `budget` tokens are sampled."""
     groups, tokens = [], 0
-    while tokens < s.learner.batch_tokens:
+    while tokens < budget:
         task = sampler.next()
         ids = text.prompt_ids(task)
         cs = policy.sample(
@@ -96,10 +129,13 @@ async def _score(groups: list[tuple], judges: dict[bool, Any], text: Any) -> lis
     return [(g, [r for r, _ in v]) for g, v in zip(groups, verdicts, strict=True)]
 
 
-def _samples(scored: list[tuple]) -> list[Any]:
+def _samples(scored: list[tuple], s: Settings) -> list[Any]:
+    """The learner's samples of a scored batch (no-signal ones left out, as the learner's
+    loop leaves them out)."""
     import numpy as np
 
     from learner.sample import Sample
+    from learner.signal import no_signal_reason
     from streams.groups import group_advantages
 
     out = []
@@ -108,6 +144,10 @@ def _samples(scored: list[tuple]) -> list[Any]:
         advantages = group_advantages([r for _, r in live])
         for (c, r), a in zip(live, advantages, strict=True):
             if not c.tokens:
+                continue
+            if s.learner.skip_no_signal and no_signal_reason(
+                a, True, kl_coef=s.learner.kl_coef, entropy_coef=s.learner.entropy_coef
+            ):
                 continue
             out.append(
                 Sample(

@@ -98,6 +98,12 @@ class LearnerSettings(Section):
     """Sampling temperature of the generators; the learner divides logits by it too."""
     max_lag: int = Field(default=4, ge=0)
     """Samples more than this many policy versions old are dropped (ledger: stale)."""
+    skip_no_signal: bool = True
+    """Settle samples whose advantage is 0 (every member of a group whose rewards were all
+    equal) without training on them (ledger: dropped, `no signal`): their policy gradient is
+    exactly zero, so a batch then holds `batch_tokens` of samples that teach
+    (learner/signal.py). Never skips production traces, nor anything while `kl_coef` or
+    `entropy_coef` is on."""
     clip_eps: float = Field(default=0.2, gt=0, lt=1)
     """PPO clip range of the ratio to the proximal policy."""
     clip_eps_high: float | None = Field(default=None, gt=0)

@@ -4,9 +4,9 @@ Order of effects, which makes "every reward trained once or dropped with a reaso
 across crashes (DESIGN.md sections 3 and 6):
 
 1. A record is read. Bad bytes get a dead letter; duplicates (trajectory id already seen)
-   are skipped; masked, invalid and stale samples get a ledger entry (masked / dropped,
-   with the reason); the rest wait in the batcher. Ledger entries and dead letters go to
-   an outbox, not yet to Kafka.
+   are skipped; masked, invalid, stale and no-signal samples (advantage 0,
+   learner/signal.py) get a ledger entry (masked / dropped, with the reason); the rest wait
+   in the batcher. Ledger entries and dead letters go to an outbox, not yet to Kafka.
 2. A full batch (token budget, or `batch_max_wait_s` after its first sample) is trained
    on; each sample gets a `trained` ledger entry in the outbox.
 3. Every `publish_every` steps: weights to the store (complete blob, sha256), then the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner import staleness
+from learner import signal, staleness
 from learner.batching import TokenBudgetBatcher
 from learner.bookkeeping import DedupWindow, OffsetTracker, OutboxProducer, Summary
 from learner.checkpoint import CheckpointManager, CheckpointState
@@ -60,6 +60,9 @@ class LoopConfig:
     ledger_topic: str
     dlq_topic: str
     max_lag: int
+    skip_no_signal: bool
+    kl_coef: float
+    entropy_coef: float
     batch_tokens: int
     batch_max_wait_s: float
     publish_every: int
@@ -261,8 +264,10 @@ class Learner:
             self._settle(rec, sample, LedgerStatus.MASKED, msg.mask_reason)
             return None
         p = self.trainer.policy
-        reason = problem(sample, p.vocab_size, p.max_seq_len) or staleness.stale_reason(
-            lag, self.cfg.max_lag
+        reason = (
+            problem(sample, p.vocab_size, p.max_seq_len)
+            or staleness.stale_reason(lag, self.cfg.max_lag)
+            or self._no_signal(sample)
         )
         if reason is not None:
             self._settle(rec, sample, LedgerStatus.DROPPED, reason)
@@ -271,6 +276,15 @@ class Learner:
         if not len(self.batcher):
             self.pending_since = time.monotonic()
         return self.batcher.add(_Pending(sample, rec.partition, rec.offset, lag))
+
+    def _no_signal(self, sample: Sample) -> str | None:
+        c = self.cfg
+        if not c.skip_no_signal:
+            return None
+        has_behaviour = sample.behaviour_logp is not None
+        return signal.no_signal_reason(
+            sample.advantage, has_behaviour, kl_coef=c.kl_coef, entropy_coef=c.entropy_coef
+        )
 
     def _settle(self, rec: Record, sample: Sample, status: LedgerStatus, reason: str) -> None:
         self._record(sample, status, reason)

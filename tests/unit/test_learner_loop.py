@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from learner import signal
 from learner.bookkeeping import DedupWindow, OffsetTracker
 from learner.checkpoint import CheckpointManager
 from learner.config import LearnerSettings, configure
@@ -110,8 +111,9 @@ def _learner(io: FakeIO, root: Path, crash_at: int | None = None, **cfg: object)
 
 def _msg(i: int, version: int = 0, **kw: object) -> bytes:
     return codec.encode(
-        scored([1, 2], [3, 4, 5, 6], advantage=1.0 - (i % 2), logprobs=[-1.0] * 4, version=version,
-               group_id=f"g{i // 2}", group_size=2, index=i % 2, **kw)  # type: ignore[arg-type]
+        scored([1, 2], [3, 4, 5, 6], advantage=1.0 - 2 * (i % 2), logprobs=[-1.0] * 4,
+               version=version, group_id=f"g{i // 2}", group_size=2, index=i % 2,
+               **kw)  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -189,3 +191,35 @@ def test_dedup_window_is_bounded() -> None:
     w = DedupWindow(2, ["a", "b"])
     w.add("c")
     assert "a" not in w and "b" in w and "c" in w and w.to_list() == ["b", "c"]
+
+
+def flat_member(i: int) -> ScoredTrajectory:
+    return scored([1, 2], [3, 4], advantage=0.0, logprobs=[-1.0] * 2, group_id="flat",
+                  group_size=2, index=i)  # fmt: skip
+
+
+@pytest.mark.parametrize("skip", [True, False])
+async def test_samples_without_signal_are_settled_untrained(tmp_path: Path, skip: bool) -> None:
+    flat = [  # a group whose rewards were all equal: advantage 0 for both members
+        codec.encode(flat_member(i)) for i in range(2)
+    ]
+    trace = codec.encode(scored([1, 2], [3, 4], advantage=0.0, version=-1))  # no behaviour
+    io = FakeIO({0: [*flat, trace, _msg(0), _msg(1)]})
+    summary = await _learner(io, tmp_path, skip_no_signal=skip).run()
+    fates = {e.trajectory_id: (e.status.value, e.reason) for e in _ledger(io)}
+    assert len(fates) == 5
+    flat_ids = [codec.decode(m, ScoredTrajectory).trajectory_id for m in flat]
+    if skip:
+        assert summary.counts == {"trained": 3, "dropped": 2}
+        assert all(fates[t] == ("dropped", signal.NO_SIGNAL) for t in flat_ids)
+    else:
+        assert summary.counts == {"trained": 5}
+    trace_id = codec.decode(trace, ScoredTrajectory).trajectory_id
+    assert fates[trace_id][0] == "trained"  # the reward-weighted term has a gradient at A = 0
+
+
+async def test_a_kl_term_keeps_samples_of_advantage_zero(tmp_path: Path) -> None:
+    flat = codec.encode(scored([1, 2], [3, 4], advantage=0.0, logprobs=[-1.0] * 2))
+    io = FakeIO({0: [flat, _msg(0)]})
+    learner = _learner(io, tmp_path, kl_coef=0.1)
+    assert (await learner.run()).counts == {"trained": 2}
