@@ -65,8 +65,11 @@ def slow_tasks(group_size: int, cost: str) -> list[Task]:
     return out
 
 
-def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path, seed: int) -> Settings:
+def bench_settings(
+    args: argparse.Namespace, prefix: str, task_file: Path, seed: int, calibration: str = ""
+) -> Settings:
     share = args.slow_share
+    extra = [f"feeder.calibration={calibration}"] if calibration else []
     base = load(
         [
             "demo.policy=tiny", f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
@@ -77,7 +80,7 @@ def bench_settings(args: argparse.Namespace, prefix: str, task_file: Path, seed:
             # the same task mix in both modes: a backed-up sandbox tier pauses every suite
             f"feeder.max_sandbox_backlog={args.max_sandbox_backlog}",
             f"feeder.sandbox_backpressure={args.backpressure}",
-            f"learner.seed={seed}", f"generator.seed={seed}", *args.set,
+            f"learner.seed={seed}", f"generator.seed={seed}", *extra, *args.set,
         ]
     )  # fmt: skip
     from services.demo import run_settings
@@ -115,7 +118,7 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
     from benchmarks.pipeline_sync import sync_run
 
     prefix = f"{ctx['prefix']}-{mode}{seed}"
-    s = bench_settings(args, prefix, ctx["task_file"], seed)
+    s = bench_settings(args, prefix, ctx["task_file"], seed, ctx["calibration"])
     wall0, busy0 = time.monotonic(), busy_cpu_s()
     if mode == "sync":
         tasks, threads = ctx["tasks"], args.sync_threads
@@ -265,9 +268,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    import msgspec
-
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--minutes", type=float, default=3.0, help="wall-clock budget per run")
     ap.add_argument("--seeds", type=int, default=3, help="runs per mode")
@@ -278,6 +279,9 @@ def main() -> None:
     ap.add_argument("--slow-share", type=float, default=0.3, help="weight of pyslow tasks")
     ap.add_argument("--cost", choices=sorted(pm.COSTS), default="pareto",
                     help="distribution of the verification cost of pyslow tasks")  # fmt: skip
+    ap.add_argument("--calibrate", type=int, default=16, metavar="K",
+                    help="samples per training task measuring the initial policy's pass rate; "
+                    "only tasks in feeder.pass_band are fed, in every mode (0: all)")  # fmt: skip
     ap.add_argument("--eval-tasks", type=int, default=193, help="held-out arith tasks (193: all)")
     ap.add_argument("--eval-every", type=float, default=10.0, help="seconds between snapshots")
     ap.add_argument("--max-sandbox-backlog", type=int, default=96,
@@ -291,7 +295,13 @@ def main() -> None:
     ap.add_argument("--trl-prompts", type=int, default=4, help="TRL prompts per step")
     ap.add_argument("--set", action="append", default=[], help="extra settings KEY=VALUE")
     ap.add_argument("--report-dir", "--out", type=Path, default=ROOT / "runs")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    import msgspec
+
+    args = parse_args()
     console = Console()
     prefix = time.strftime("bench-%Y%m%d-%H%M%S")
     out_dir = args.report_dir / prefix
@@ -303,7 +313,14 @@ def main() -> None:
     console.print(f"warm-up of the shared initial policy; results in {out_dir}")
     ctx = {"prefix": prefix, "task_file": task_file, "state": initial_state(s),
            "tasks": suites.get("arith").tasks("train") + slow, "console": console,
-           "settings": s, "out_dir": out_dir}  # fmt: skip
+           "settings": s, "out_dir": out_dir, "calibration": ""}  # fmt: skip
+    if args.calibrate:  # every mode gets the tasks the initial policy passes in the band
+        from benchmarks.pipeline_calibrate import calibrate
+
+        path = out_dir / "calibration.json"
+        ctx["tasks"] = calibrate(s, ctx["state"], ctx["tasks"], args.calibrate,
+                                 pm.cost_code(args.cost), path, console)  # fmt: skip
+        ctx["calibration"] = str(path)
     runs: dict[str, list[dict]] = {"async": [], "sync": []}
     for seed in range(args.seeds):
         for mode in args.modes.split(","):
