@@ -13,6 +13,10 @@ machine, for `--seeds` seeds each:
 Workload: `arith` (in-process verifier) and `pyslow`, the `pyfunc` tasks whose tests first
 sleep a heavy-tailed time inside the sandbox (`--cost pareto`: alpha 1.2, 50 ms scale;
 `--cost lognormal`: median 0.1 s, sigma 1.5; capped at 6 s under a 10 s job limit).
+Calibrated (`--calibrate K`, benchmarks/pipeline_calibrate.py): the shared initial policy
+samples K completions of every training task first, and every mode (TRL included) is fed
+only the tasks whose pass rate lies in `feeder.pass_band`. Both modes' learners leave out
+samples of advantage 0 (`learner.skip_no_signal`).
 
 Reported: time-to-target (wall seconds until the held-out greedy pass of arith, measured
 on weight snapshots every `--eval-every` seconds off the clock, first reaches the target
@@ -191,6 +195,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "samples_per_s": pm.median([r["samples_per_s"] for r in rs]),
             "stale_pct": pm.median([r["stale_pct"] for r in rs]),
             "cpu_busy": pm.median([r["cpu_busy"] for r in rs]),
+            "flat_groups": pm.median([r["flat_groups"] for r in rs]),
             "initial_heldout": rs[0]["heldout"][0][1],
         }
     a, b = out["async"], out["sync"]
@@ -231,6 +236,9 @@ def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console:
     console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
     console.print(f"machine CPU busy: async {sm['async']['cpu_busy']:.0%}, "
                   f"sync {sm['sync']['cpu_busy']:.0%} (medians)")  # fmt: skip
+    console.print(f"groups whose rewards were all equal (no signal): "
+                  f"async {sm['async']['flat_groups']:.0%}, "
+                  f"sync {sm['sync']['flat_groups']:.0%} (medians)")  # fmt: skip
     console.print(f"throughput after the first minute (async): {sm['async_dip']}")
     (out_dir / "pipeline.json").write_text(
         json.dumps({"summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)

@@ -90,4 +90,5 @@ def _measured(demo: Any, snaps: list[tuple[float, dict[str, Any]]], span_s: floa
         "samples": (rows[-1].scored - rows[0].scored) if rows else 0, "stale_drops": stale,
         "settled": len(demo.stats.ledger), "drop_reasons": dict(demo.stats.drop_reasons),
         "steps": demo.final_version, "startup_s": t_ready,
+        "flat_groups": demo.stats.groups_flat / max(1, demo.stats.groups_done),
     }  # fmt: skip

@@ -52,10 +52,10 @@ async def sync_run(
     judges = {True: evaluate.sandbox_judge(s, sandbox), False: evaluate.in_process_judge(s)}
     rng = torch.Generator().manual_seed(s.generator.seed or 0)
     log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
+    tally = [0, 0, 0, 0]  # tokens scored, tokens kept for training, groups, all-equal groups
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
     steps, t0 = 0, time.monotonic()
     try:
-        tally = [0, 0]  # tokens scored, and of them kept for training
         while time.monotonic() - t0 < minutes * 60:
             sample = functools.partial(_sample_batch, policy, text, sampler, s, rng)
             batch = await _batch(sample, judges, text, s, log, tally, (t0, t0 + minutes * 60))
@@ -70,7 +70,8 @@ async def sync_run(
     elapsed = time.monotonic() - t0
     snapshots.append((elapsed, policy.weights()))
     return {"mode": "sync", "log": log, "seconds": elapsed, "steps": steps,
-            "snapshots": snapshots, "stale_drops": 0, "settled": len(log)}  # fmt: skip
+            "snapshots": snapshots, "stale_drops": 0, "settled": len(log),
+            "flat_groups": tally[3] / max(1, tally[2])}  # fmt: skip
 
 
 async def _batch(
@@ -84,7 +85,8 @@ async def _batch(
 ) -> list[Any]:
     """Sample and score rounds until `batch_tokens` of trainable samples are in hand (one
     round unless samples are left out); each further round is sized by the share kept so
-    far (`tally`: tokens scored, tokens kept). Appends (seconds, reward) to `log`."""
+    far (`tally`: tokens scored, tokens kept, groups, all-equal groups; updated). Appends
+    (seconds, reward) to `log`."""
     batch: list[Any] = []
     while time.monotonic() < span[1]:
         want = s.learner.batch_tokens - sum(x.length for x in batch)
@@ -98,6 +100,8 @@ async def _batch(
         fresh = _samples(scored, s)
         tally[0] += sum(len(ids) + len(c.tokens) for _, ids, cs in groups for c in cs)
         tally[1] += sum(x.length for x in fresh)
+        tally[2] += len(scored)
+        tally[3] += sum(len({r for r in rs if r is not None}) <= 1 for _, rs in scored)
         batch += fresh
     return batch
 
