@@ -21,9 +21,10 @@ samples of advantage 0 (`learner.skip_no_signal`).
 Reported: time-to-target (wall seconds until the held-out greedy pass of arith, measured
 on weight snapshots every `--eval-every` seconds off the clock, first reaches the target
 both modes reach in median: the lower of the two modes' median final values), medians
-over seeds, `time-to-target ratio` (sync / async), samples/s and their ratio, stale drops
-(% of the samples the learner settled), the lowest throughput after the first minute vs
-half the median rate, TRL's samples/s and reward per minute. Writes
+over seeds, `time-to-target ratio` (sync / async) with an 80% bootstrap interval over
+seeds, samples/s and their ratio, stale drops (% of the samples the learner settled), the
+lowest throughput after the first minute vs half the median rate, TRL's samples/s and
+reward per minute. Writes
 <report-dir>/<bench prefix>/pipeline.json and throughput.png.
 
     .venv/bin/python benchmarks/pipeline.py [--minutes 3] [--seeds 3] [--pool 16]
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import subprocess
 import sys
@@ -199,9 +199,9 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "initial_heldout": rs[0]["heldout"][0][1],
         }
     a, b = out["async"], out["sync"]
-    out["ttt_ratio"] = b["time_to_target"] / a["time_to_target"] if a["time_to_target"] else (
-        math.nan if not b["time_to_target"] else math.inf
-    )  # fmt: skip
+    curves = {m: [r["heldout"] for r in rs] for m, rs in runs.items()}
+    out["ttt_ratio"] = pm.ttt_ratio(curves)
+    out["ttt_ratio_80"] = pm.ttt_ratio_interval(curves)
     out["sps_ratio"] = a["samples_per_s"] / max(b["samples_per_s"], 1e-9)
     dips = [pm.dip(r["throughput"]) for r in runs["async"]]
     out["async_dip"] = [{"median": round(m, 2), "lowest_after_60s": round(lo, 2),
@@ -231,7 +231,9 @@ def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console:
         sps = pm.median([t["samples_per_s"] for t in ok])
         console.print(f"{'trl':<6} {sps:>9.2f} {'-':>11} {'-':>6} {'-':>7}  "
                       f"{[t['reward_per_minute'] for t in ok]}")  # fmt: skip
-    console.print(f"time-to-target ratio {sm['ttt_ratio']:.2f}")
+    lo, hi = sm["ttt_ratio_80"]
+    console.print(f"time-to-target ratio {sm['ttt_ratio']:.2f} (80% bootstrap interval over "
+                  f"seeds {lo:.2f}-{hi:.2f})")  # fmt: skip
     console.print(f"samples/s ratio {sm['sps_ratio']:.2f}")
     console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
     console.print(f"machine CPU busy: async {sm['async']['cpu_busy']:.0%}, "

@@ -5,6 +5,7 @@ run, time-to-target, throughput over time."""
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from typing import Any
 
@@ -88,3 +89,29 @@ def dip(points: list[list[float]], after_s: float = 60.0) -> tuple[float, float]
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def ttt_ratio(curves: dict[str, list[list[list[float]]]]) -> float:
+    """sync / async median time-to-target, the target being the lower of the two modes'
+    median final held-out values (`curves`: mode -> one held-out curve per seed)."""
+    target = min(median([c[-1][1] for c in cs]) for cs in curves.values())
+    a, b = (median([time_to(c, target) for c in curves[m]]) for m in ("async", "sync"))
+    return b / a if a else (math.nan if not b else math.inf)  # inf / inf: nan
+
+
+def ttt_ratio_interval(
+    curves: dict[str, list[list[list[float]]]], level: float = 0.8, draws: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Bootstrap interval of `ttt_ratio` over seeds: each draw resamples every mode's seeds
+    with replacement and recomputes target, times and ratio (nan draws left out)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(draws):
+        r = ttt_ratio({m: rng.choices(cs, k=len(cs)) for m, cs in curves.items()})
+        if not math.isnan(r):
+            out.append(r)
+    if not out:
+        return math.nan, math.nan
+    out.sort()
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    return out[int(lo * (len(out) - 1))], out[int(hi * (len(out) - 1))]

@@ -51,6 +51,7 @@ async def sync_run(
     sandbox = await docker_sandbox(s, f"{s.topics.prefix}-sync")
     judges = {True: evaluate.sandbox_judge(s, sandbox), False: evaluate.in_process_judge(s)}
     rng = torch.Generator().manual_seed(s.generator.seed or 0)
+    adapt = functools.partial(_adapt, sampler, {}, s.feeder) if s.feeder.adapt else None
     log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
     tally = [0, 0, 0, 0]  # tokens scored, tokens kept for training, groups, all-equal groups
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
@@ -58,7 +59,8 @@ async def sync_run(
     try:
         while time.monotonic() - t0 < minutes * 60:
             sample = functools.partial(_sample_batch, policy, text, sampler, s, rng)
-            batch = await _batch(sample, judges, text, s, log, tally, (t0, t0 + minutes * 60))
+            span = (t0, t0 + minutes * 60)
+            batch = await _batch(sample, judges, text, s, log, tally, span, adapt)
             if batch:
                 await asyncio.to_thread(trainer.step, batch)
                 steps += 1
@@ -82,11 +84,12 @@ async def _batch(
     log: list,
     tally: list[int],
     span: tuple[float, float],
+    adapt: Any = None,
 ) -> list[Any]:
     """Sample and score rounds until `batch_tokens` of trainable samples are in hand (one
     round unless samples are left out); each further round is sized by the share kept so
     far (`tally`: tokens scored, tokens kept, groups, all-equal groups; updated). Appends
-    (seconds, reward) to `log`."""
+    (seconds, reward) to `log`; `adapt` (with `feeder.adapt`) sees every scored round."""
     batch: list[Any] = []
     while time.monotonic() < span[1]:
         want = s.learner.batch_tokens - sum(x.length for x in batch)
@@ -95,6 +98,8 @@ async def _batch(
         share = max(tally[1] / tally[0], 0.2) if tally[1] else 1.0
         groups = sample(int(want / share))
         scored = await _score(groups, judges, text)
+        if adapt is not None:
+            adapt(scored)
         now = time.monotonic() - span[0]
         log += [(now, r) for _, rs in scored for r in rs if r is not None]
         fresh = _samples(scored, s)
@@ -104,6 +109,19 @@ async def _batch(
         tally[3] += sum(len({r for r in rs if r is not None}) <= 1 for _, rs in scored)
         batch += fresh
     return batch
+
+
+def _adapt(sampler: Any, history: dict[str, Any], cfg: Any, scored: list[Any]) -> None:
+    """`feeder.adapt` as the feeder applies it from `rewards` (services/rollout/adapting.py):
+    every completed group moves its task's and its suite's sampling chances."""
+    from services.rollout.sampler import observe_group
+
+    for (task, _, _), rewards in scored:
+        if any(r is None for r in rewards):
+            continue  # a group with a masked member never completes in the feeder's tally
+        informative = max(rewards) - min(rewards) > 1e-9
+        group = (task.task_id, task.suite, informative)
+        observe_group(sampler, history, group, cfg.adapt_floor, cfg.adapt_suites)
 
 
 def _sample_batch(

@@ -1,6 +1,7 @@
-"""`feeder.adapt`: the feeder follows `rewards` and moves its sampling weights. A suite whose
-recent groups all got equal rewards (no learning signal) is sampled less
-(sampler.adapt_multipliers), and so is a task whose group did (sampler.task_multiplier)."""
+"""`feeder.adapt`: the feeder follows `rewards` and moves its sampling weights. A task whose
+group got equal rewards (no learning signal) is sampled less (sampler.task_multiplier), and
+unless `feeder.adapt_suites` is off so is a suite whose recent groups did
+(sampler.adapt_multipliers)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from schemas import topics
 from schemas.codec import SchemaError
 from schemas.rollout import ScoredTrajectory
 from services import kafka
-from services.rollout.sampler import GroupTally, SuiteSampler, adapt_multipliers, task_multiplier
+from services.rollout.sampler import GroupTally, SuiteSampler, observe_group
 
 if TYPE_CHECKING:
     from services.settings import Settings
@@ -39,10 +40,7 @@ async def follow_rewards(
                 t = scored.trajectory
                 done = tally.add(t.group_id, t.suite, t.group_size, scored.reward)
                 if done is not None:
-                    history.setdefault(t.suite, collections.deque(maxlen=50)).append(done)
-                    chances = sampler.task_multipliers
-                    old = chances.get(t.task_id, 1.0)
-                    chances[t.task_id] = task_multiplier(old, done, floor)
-            sampler.multipliers = adapt_multipliers(history, floor)
+                    group = (t.task_id, t.suite, done)
+                    observe_group(sampler, history, group, floor, settings.feeder.adapt_suites)
     finally:
         await consumer.stop()

@@ -97,6 +97,10 @@ class FeederSettings(Section):
     (no learning signal) are sampled less."""
     adapt_floor: float = Field(default=0.2, gt=0, le=1)
     """With `adapt`: the smallest multiplier a suite's weight can get."""
+    adapt_suites: bool = True
+    """With `adapt`: suite weights move too. False: only the tasks whose groups' rewards were
+    all equal are skipped more often, and the suites keep their weighted mix (the suite the
+    model does best on keeps its share of samples)."""
     seed: int = 0
     """Seed of suite and task sampling."""
     calibration: str | None = None

@@ -17,10 +17,10 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
   `feeder.max_sandbox_backlog` requests waiting (their samples would arrive too stale);
   with `feeder.sandbox_backpressure = "all"` every suite pauses, so the mix stays as
   weighted and throughput follows the sandbox tier.
-- `feeder.adapt` (services/rollout/adapting.py): suite weights follow the share of each
-  suite's recent groups whose rewards differ (sampler.adapt_multipliers), and within a
-  suite a task whose groups' rewards are all equal is skipped more often
-  (sampler.task_multiplier).
+- `feeder.adapt` (services/rollout/adapting.py): a task whose groups' rewards are all equal
+  is skipped more often (sampler.task_multiplier), and unless `feeder.adapt_suites` is off
+  suite weights follow the share of each suite's recent groups whose rewards differ
+  (sampler.adapt_multipliers).
 """
 
 from __future__ import annotations

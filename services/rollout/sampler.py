@@ -104,6 +104,24 @@ def task_multiplier(current: float, informative: bool, floor: float) -> float:
     return 1.0 if informative else max(floor, current * 0.5)
 
 
+def observe_group(
+    sampler: SuiteSampler,
+    history: dict[str, deque[bool]],
+    group: tuple[str, str, bool],
+    floor: float,
+    suites: bool = True,
+) -> None:
+    """`feeder.adapt`'s update after one completed group (task id, suite, informative):
+    the task's sampling chance (`task_multiplier`); with `suites` also its suite's recent
+    outcomes (the last 50, in `history`) and every suite's multiplier (`adapt_multipliers`)."""
+    task_id, suite, informative = group
+    old = sampler.task_multipliers.get(task_id, 1.0)
+    sampler.task_multipliers[task_id] = task_multiplier(old, informative, floor)
+    if suites:
+        history.setdefault(suite, deque(maxlen=50)).append(informative)
+        sampler.multipliers = adapt_multipliers(history, floor)
+
+
 def adapt_multipliers(
     history: dict[str, deque[bool]], floor: float, prior: float = 1.0
 ) -> dict[str, float]:

@@ -19,6 +19,7 @@ from services.rollout.sampler import (
     GroupTally,
     SuiteSampler,
     adapt_multipliers,
+    observe_group,
     task_multiplier,
 )
 
@@ -180,6 +181,24 @@ def test_tasks_without_learning_signal_are_skipped_more() -> None:
     assert picks["a0"] > 0 and picks["a1"] > 0  # still sampled, less often
     s.task_multipliers = {f"a{i}": 0.2 for i in range(4)}
     assert s.next() is not None  # all of them skipped once: one is taken anyway
+
+
+def test_observe_group_moves_task_and_suite_chances() -> None:
+    s = SuiteSampler({"a": 1.0, "b": 1.0})
+    history: dict[str, deque[bool]] = {}
+    for _ in range(3):
+        observe_group(s, history, ("a0", "a", False), floor=0.2)
+    observe_group(s, history, ("b0", "b", True), floor=0.2)
+    assert s.task_multipliers == {"a0": 0.2, "b0": 1.0}
+    assert s.multipliers == {"a": 0.2, "b": pytest.approx(2 / 3)}
+    observe_group(s, history, ("a0", "a", True), floor=0.2)
+    assert s.task_multipliers["a0"] == 1.0 and list(history["a"]) == [False] * 3 + [True]
+    for _ in range(60):
+        observe_group(s, history, ("a1", "a", True), floor=0.2)
+    assert len(history["a"]) == 50 and s.multipliers["a"] == pytest.approx(51 / 52)
+    tasks_only = SuiteSampler({"a": 1.0})
+    observe_group(tasks_only, {}, ("a0", "a", False), floor=0.2, suites=False)
+    assert tasks_only.task_multipliers == {"a0": 0.5} and tasks_only.multipliers == {}
 
 
 # -- admission --------------------------------------------------------------------------
