@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from schemas.rollout import Task
+from services.rollout.sampler import informative, observe_group
 from services.settings import Settings
 
 
@@ -106,21 +107,19 @@ async def _batch(
         tally[0] += sum(len(ids) + len(c.tokens) for _, ids, cs in groups for c in cs)
         tally[1] += sum(x.length for x in fresh)
         tally[2] += len(scored)
-        tally[3] += sum(len({r for r in rs if r is not None}) <= 1 for _, rs in scored)
+        tally[3] += sum(not informative([r for r in rs if r is not None]) for _, rs in scored)
         batch += fresh
     return batch
 
 
 def _adapt(sampler: Any, history: dict[str, Any], cfg: Any, scored: list[Any]) -> None:
     """`feeder.adapt` as the feeder applies it from `rewards` (services/rollout/adapting.py):
-    every completed group moves its task's and its suite's sampling chances."""
-    from services.rollout.sampler import observe_group
-
+    every completed group moves its task's sampling chance (and, with `adapt_suites`, its
+    suite's)."""
     for (task, _, _), rewards in scored:
         if any(r is None for r in rewards):
             continue  # a group with a masked member never completes in the feeder's tally
-        informative = max(rewards) - min(rewards) > 1e-9
-        group = (task.task_id, task.suite, informative)
+        group = (task.task_id, task.suite, informative(rewards))
         observe_group(sampler, history, group, cfg.adapt_floor, cfg.adapt_suites)
 
 

@@ -94,7 +94,12 @@ class GroupTally:
                 self.open.pop(next(iter(self.open)))
             return None
         del self.open[group_id]
-        return max(entry[2]) - min(entry[2]) > 1e-9
+        return informative(entry[2])
+
+
+def informative(rewards: list[float]) -> bool:
+    """Whether a complete group's rewards differ, so its advantages are not all zero."""
+    return bool(rewards) and max(rewards) - min(rewards) > 1e-9
 
 
 def task_multiplier(current: float, informative: bool, floor: float) -> float:

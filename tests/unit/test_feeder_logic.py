@@ -19,6 +19,7 @@ from services.rollout.sampler import (
     GroupTally,
     SuiteSampler,
     adapt_multipliers,
+    informative,
     observe_group,
     task_multiplier,
 )
@@ -161,6 +162,7 @@ def test_group_tally_reports_informative_groups_once_complete() -> None:
     assert tally.add("g2", "s", 2, 1.0) is None
     assert tally.add("g2", "s", 2, 1.0) is False
     assert tally.open == {}
+    assert informative([0.0, 0.5]) and not informative([1.0, 1.0]) and not informative([])
 
 
 def test_adapt_multipliers_lower_suites_that_teach_nothing() -> None:
