@@ -75,17 +75,34 @@ def test_wipe_gives_up_at_the_deadline(tmp_path: Path) -> None:
 def test_a_case_that_left_something_behind_ends_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed wipe after case 1 stops the job: cases 2 and 3 never run on its leftovers,
     and they count as failed (not a masked sandbox_error, not a pass)."""
-    ran = []
-
-    def run_case(job: Any, ctx: Any, sp: Any, case: Any, deadline: float) -> tuple[Any, ...]:
-        ran.append(case["stdin"])
-        out = jobproc.Capture(100)
-        out(case["stdout"].encode())
-        return "eof", 0, "ok\n", out, jobproc.Capture(100), False
-
-    monkeypatch.setattr(executor, "_run_case", run_case)
+    ran = fake_cases(monkeypatch, clean=False)
     job = {"cases": [{"stdin": s, "stdout": s} for s in "abc"], "keep_output": 100}
     result = executor.stdin_stdout(job, None, None, 0.0)
-    assert ran == ["a"]
+    assert ran == [("a", False)]  # reaped by a forked killer: the job still needed privileges
     assert (result["outcome"], result["passed"], result["total"]) == ("failed", 1, 3)
     assert "not run" in result["detail"]
+
+
+def test_only_the_last_case_is_reaped_by_the_executor_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran = fake_cases(monkeypatch, clean=True)
+    job = {"cases": [{"stdin": s, "stdout": s} for s in "abc"], "keep_output": 100}
+    result = executor.stdin_stdout(job, None, None, 0.0)
+    assert ran == [("a", False), ("b", False), ("c", True)]
+    assert (result["outcome"], result["passed"], result["total"]) == ("passed", 3, 3)
+
+
+def fake_cases(monkeypatch: pytest.MonkeyPatch, clean: bool) -> list[tuple[str, bool]]:
+    """executor._run_case replaced: every case prints its expected output and ends `clean`;
+    returns the (stdin, last) of the cases run."""
+    ran: list[tuple[str, bool]] = []
+
+    def run_case(job: Any, ctx: Any, sp: Any, case: Any, deadline: float, last: bool) -> Any:
+        ran.append((case["stdin"], last))
+        out = jobproc.Capture(100)
+        out(case["stdout"].encode())
+        return "eof", 0, "ok\n", out, jobproc.Capture(100), clean
+
+    monkeypatch.setattr(executor, "_run_case", run_case)
+    return ran

@@ -30,6 +30,8 @@ MAX_JOB_BYTES = 64 << 20
 WIPE_DIRS = ("/work", "/tmp", "/dev/shm")
 EXIT_EOF = 3
 """Exit status when stdin closed before a job (the pool went away): the server stops."""
+PENDING = object()
+"""Context.harness_exit: the harness is still running."""
 
 
 class Context:
@@ -42,9 +44,10 @@ class Context:
         self.candidates = {}  # pid -> uid, still to reap
         self.harness_pid = None
 
-    def reap(self, pid, wipe=True):
+    def reap(self, pid, wipe=True, last=False):
         """Kill the candidate process `pid` and everything of its uid; wipe what it wrote.
-        True when nothing is left."""
+        True when nothing is left. `last`: in this process, which loses its privileges
+        (nothing of the job may need them afterwards)."""
         uid = self.candidates.pop(pid, None) if wipe else self.candidates.get(pid)
         if not self.container:
             for kill in (os.killpg, os.kill):
@@ -53,10 +56,11 @@ class Context:
             return scrub.wipe([self.root]) if wipe else True
         if uid is None:
             return True
-        return privs.reap_uid(uid, self.killer_uid, WIPE_DIRS if wipe else ())
+        return privs.reap_uid(uid, self.killer_uid, WIPE_DIRS if wipe else (), here=last)
 
-    def wait_harness(self, timeout):
-        """The harness's exit code; killed first if it is still running after `timeout`."""
+    def harness_exit(self, timeout):
+        """The harness's exit code once it has ended within `timeout`; PENDING if it is
+        still running (nothing is killed), None if there is none."""
         pid, end = self.harness_pid, time.monotonic() + timeout
         if pid is None:
             return None
@@ -66,8 +70,15 @@ class Context:
                 self.harness_pid = None
                 return os.waitstatus_to_exitcode(status)
             if time.monotonic() > end:
-                break
+                return PENDING
             time.sleep(0.001)
+
+    def wait_harness(self, timeout):
+        """The harness's exit code; killed first if it is still running after `timeout`."""
+        code = self.harness_exit(timeout)
+        if code is not PENDING:
+            return code
+        pid = self.harness_pid
         if self.container:
             privs.reap_uid(self.harness_uid, self.killer_uid)
         else:
@@ -77,8 +88,18 @@ class Context:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
     def cleanup(self):
-        clean = all([self.reap(pid) for pid in list(self.candidates)])
-        code = self.wait_harness(2.0)
+        """Every process of the job dead, its files gone; True when nothing is left. Once
+        the harness has ended (it has, after a verdict), this process reaps the last
+        candidate itself, without forking a killer; otherwise the candidates go first, so
+        that nothing of theirs holds the harness up."""
+        pids = list(self.candidates)
+        clean = all([self.reap(pid) for pid in pids[:-1]])
+        code = self.harness_exit(0.2) if self.container and pids else PENDING
+        if code is not PENDING:
+            clean = self.reap(pids[-1], last=True) and clean
+        else:
+            clean = (not pids or self.reap(pids[-1])) and clean
+            code = self.wait_harness(2.0)
         clean = clean and code in (None, 0)
         if self.container:
             clean = clean and all(not os.listdir(d) for d in WIPE_DIRS)
@@ -242,8 +263,9 @@ def python_tests(job, ctx, sp, deadline):
     return result
 
 
-def _run_case(job, ctx, sp, case, deadline):
-    """One stdin_stdout case in a fresh process; (how, exit code, status, out, err, clean)."""
+def _run_case(job, ctx, sp, case, deadline, last):
+    """One stdin_stdout case in a fresh process; (how, exit code, status, out, err, clean).
+    `last`: no case follows, so this process reaps it itself (Context.reap)."""
     (in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w), (code_r, code_w) = _pipes(5)
     feeds = [jobproc.Feed(code_w, job["code"].encode("utf-8")),
              jobproc.Feed(in_w, case["stdin"].encode("utf-8"))]  # fmt: skip
@@ -260,7 +282,7 @@ def _run_case(job, ctx, sp, case, deadline):
     if how in ("eof", "stop") and code is None:  # its pipes are closed: it is exiting
         code = sp.status(pid, max(0.001, deadline - time.monotonic()))
         how = "deadline" if code is None else how
-    clean = ctx.reap(pid)  # every process of the case dead, its files gone, before the next
+    clean = ctx.reap(pid, last=last)  # every process of the case dead, its files gone
     for fd in (out_r, err_r, st_r):
         os.close(fd)
     return how, code, status.text(), out, err, clean
@@ -270,7 +292,8 @@ def stdin_stdout(job, ctx, sp, deadline):
     cases = judging.Cases(len(job["cases"]))
     last = (jobproc.Capture(0), jobproc.Capture(0))
     for n, case in enumerate(job["cases"], 1):
-        how, code, status, out, err, clean = _run_case(job, ctx, sp, case, deadline)
+        last_case = n == len(job["cases"])
+        how, code, status, out, err, clean = _run_case(job, ctx, sp, case, deadline, last_case)
         last = (out, err)
         if cases.add(how, code, status, out.text(), case["stdout"]) == "stop":
             break
