@@ -70,6 +70,14 @@ async def test_resource_attacks_are_contained(
     await still_serving(pool)
 
 
+async def test_an_oom_kill_in_the_last_stdin_stdout_case_is_seen(pool: VerifyingSandbox) -> None:
+    """The executor reaps a job's last case itself, dropping its privileges; the container's
+    OOM counter it reads afterwards must still tell the kill from an ordinary failure."""
+    r = await pool.run(io_request(hp.OOM_BOMB, [("", "")], timeout_s=20.0))
+    assert r.outcome == Outcome.MEMORY_LIMIT, r.detail
+    await still_serving(pool)
+
+
 async def test_stdout_flood_in_stdin_stdout_mode(pool: VerifyingSandbox) -> None:
     flood = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)\n"
     r = await pool.run(io_request(flood, [("", "y")], timeout_s=5.0))
