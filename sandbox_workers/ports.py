@@ -63,11 +63,19 @@ class WorkerIO(Protocol):
         """Up to `max_records` records, in offset order per partition."""
         ...
 
+    async def answered(self, partitions: Sequence[Partition]) -> dict[Partition, set[int]]:
+        """Per partition: the offsets its group's last commit marks answered (its metadata,
+        schemas/answered.py; malformed metadata counts as none)."""
+        ...
+
     async def publish(
-        self, outputs: Sequence[Publish | DeadLetter], offsets: Mapping[Partition, int]
+        self,
+        outputs: Sequence[Publish | DeadLetter],
+        offsets: Mapping[Partition, tuple[int, str]],
     ) -> None:
-        """One transaction: every output, then `offsets` (next to consume) as the group's
-        commit. Raises Fenced when a newer worker took the transactional id."""
+        """One transaction: every output, then `offsets` (per partition: the next record to
+        consume and the commit's metadata) as the group's commit. Raises Fenced when a newer
+        worker took the transactional id."""
         ...
 
 

@@ -4,9 +4,12 @@ Consumes `{prefix}.sandbox.requests` in the consumer group `{prefix}.sandbox-wor
 (read_committed), runs up to `sandbox.pool_size` jobs at once, and publishes each result on
 `{prefix}.sandbox.results` (key group_id) inside a Kafka transaction that also commits the
 consumed offsets (transactional id `{prefix}.sandbox-worker.{worker_id}`; a restarted
-worker with the same id fences its dead predecessor). Results are published in offset
-order per partition (outbox.py), so committed results and committed offsets always
-match: after a SIGKILL and restart no result is lost or repeated. On top, request_id +
+worker with the same id fences its dead predecessor). A result is published as soon as its
+job ends; each commit's metadata marks the records past the committed offset that are
+answered already (outbox.py, schemas/answered.py), and a worker that takes a partition
+over reads it first (`WorkerIO.answered`) and skips them. So committed results and the
+committed offsets plus metadata always match: after a SIGKILL and restart no result is
+lost or repeated, and a slow job holds back no other result. On top, request_id +
 attempt are remembered in Redis after each commit, so a request published twice upstream
 is answered once. Undecodable requests go to the DLQ (in the same transactions).
 SIGTERM/SIGINT: stop consuming, let in-flight jobs finish for `shutdown_grace_s`,
@@ -78,6 +81,9 @@ class SandboxWorker:
         self.publishing_since: float | None = None
         """Monotonic time the publication under way began (None: none under way)."""
         self.failed_flushes = 0
+        self.generation: dict[Partition, int] = {}
+        """Per partition: how many times it was revoked (records fetched before a revocation
+        that interleaved with `_take_over` are not started)."""
 
     async def _handle(self, record: Incoming, entry: Entry) -> None:
         metrics.REQUESTS.inc()
@@ -217,6 +223,9 @@ class SandboxWorker:
     def _start(self, record: Incoming) -> None:
         tp = (record.topic, record.partition)
         entry = self.outbox.add(tp, record.offset)
+        if entry.outputs is not None:  # answered by the partition's previous owner
+            self._wake.set()
+            return
         task = asyncio.get_running_loop().create_task(self._handle(record, entry))
         self.tasks[task] = tp
         task.add_done_callback(self._done)
@@ -263,8 +272,27 @@ class SandboxWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), 0.2)
                 continue
-            for record in await self.io.fetch(room, timeout_ms=200):
+            records = await self.io.fetch(room, timeout_ms=200)
+            for record in await self._take_over(records):
                 self._start(record)
+
+    async def _take_over(self, records: list[Incoming]) -> list[Incoming]:
+        """Before a partition's first record: which of its records are answered already
+        (the last commit's metadata). Drops the records of partitions revoked meanwhile
+        (their new owner consumes them from the committed offset)."""
+        new = sorted({(r.topic, r.partition) for r in records} - set(self.outbox.partitions()))
+        if not new:
+            return records
+        seen = dict(self.generation)
+        done = await self.io.answered(new)
+        for tp in new:
+            if self.generation.get(tp, 0) == seen.get(tp, 0):
+                self.outbox.inherit(tp, done.get(tp, set()))
+        return [
+            r
+            for r in records
+            if self.generation.get((r.topic, r.partition), 0) == seen.get((r.topic, r.partition), 0)
+        ]
 
     def stalled_for(self, now: float) -> float:
         """Seconds the publication under way has taken so far (0: none under way)."""
@@ -272,6 +300,8 @@ class SandboxWorker:
 
     async def _revoked(self, revoked: list[Partition]) -> None:
         """Before partitions move: publish what finished, let running jobs finish briefly."""
+        for tp in revoked:
+            self.generation[tp] = self.generation.get(tp, 0) + 1
         await self.drain(REBALANCE_DRAIN_S, revoked)
 
 

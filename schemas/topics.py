@@ -171,7 +171,8 @@ class ConsumerGroup:
 GENERATORS: Final = ConsumerGroup("generators", consumes=(TASKS,))
 """Rollout generators share the tasks."""
 SANDBOX_WORKERS: Final = ConsumerGroup("sandbox-workers", consumes=(SANDBOX_REQUESTS,))
-"""Sandbox workers share the requests (transactional, read_committed)."""
+"""Sandbox workers share the requests (transactional, read_committed). Their commits mark
+the records answered past the committed offset in the metadata (schemas/answered.py)."""
 DISPATCHER: Final = ConsumerGroup(
     "dispatcher", consumes=(TRAJECTORIES, SANDBOX_RESULTS)
 )  # fmt: skip

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from schemas import topics
+from schemas import answered, topics
 from schemas.deadletter import publish_dead_letter
 from schemas.records import ConsumedRecord
 
@@ -194,10 +194,19 @@ async def record_count(settings: Settings, client: AIOKafkaConsumer, name: str) 
 
 
 async def committed(admin_client: AIOKafkaAdminClient, group_id: str, name: str) -> int:
-    """Offsets a consumer group has committed on topic `name`, summed over partitions (what
-    it has taken of the records ever written)."""
+    """Offsets a consumer group has committed on topic `name`, summed over partitions, plus
+    the records past them its commits mark answered (the sandbox workers', schemas/answered.py):
+    what it has taken of the records ever written."""
     offsets = await admin_client.list_consumer_group_offsets(group_id)
-    return sum(max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == name)
+    return sum(
+        taken(meta.offset, meta.metadata) for tp, meta in offsets.items() if tp.topic == name
+    )
+
+
+def taken(offset: int, metadata: str | None) -> int:
+    """Records of a partition a commit accounts for: those below its offset and those its
+    metadata marks answered past it."""
+    return max(0, offset) + answered.count(metadata or "")
 
 
 class Follower:

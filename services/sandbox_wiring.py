@@ -36,7 +36,7 @@ from sandbox_workers.ports import (
     Revoked,
     SandboxHost,
 )
-from schemas import topics
+from schemas import answered, topics
 from services import kafka
 
 if TYPE_CHECKING:
@@ -110,8 +110,25 @@ class KafkaWorkerIO:
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         return [kafka.Record.of(m) for records in batch.values() for m in records]
 
+    async def answered(self, partitions: Sequence[Partition]) -> dict[Partition, set[int]]:
+        from aiokafka import TopicPartition
+
+        # the same OffsetFetch the consumer's position comes from (aiokafka keeps no metadata)
+        got = await self.consumer._coordinator.fetch_committed_offsets(
+            [TopicPartition(*tp) for tp in partitions]
+        )
+        out: dict[Partition, set[int]] = {}
+        for tp, meta in got.items():
+            try:
+                out[(tp.topic, tp.partition)] = answered.decode(meta.offset, meta.metadata or "")
+            except ValueError as exc:  # another tool's metadata: redo those records
+                log.warning("%s: ignoring the commit metadata of %s: %s", self.group_id, tp, exc)
+        return out
+
     async def publish(
-        self, outputs: Sequence[Publish | DeadLetter], offsets: Mapping[Partition, int]
+        self,
+        outputs: Sequence[Publish | DeadLetter],
+        offsets: Mapping[Partition, tuple[int, str]],
     ) -> None:
         from aiokafka import TopicPartition
         from aiokafka.errors import ProducerFenced
@@ -124,7 +141,7 @@ class KafkaWorkerIO:
                         await self.producer.send(self.results_topic, item.value, key=item.key)
                     else:
                         await self.dead_letters.send(item.record, item.reason, item.error)
-                commit = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+                commit = {TopicPartition(*tp): point for tp, point in offsets.items()}
                 await self.producer.send_offsets_to_transaction(commit, self.group_id)
                 await self._still_member()
         except ProducerFenced as exc:

@@ -109,8 +109,9 @@ def staleness(current_version: int, sample_versions: Sequence[int]) -> dict[str,
 async def group_offsets(
     settings: Settings, want: Callable[[str], bool], problems: list[str] | None = None
 ) -> dict[str, dict[TopicPart, int]]:
-    """Committed offsets of the consumer groups whose id `want` accepts. A group whose
-    offsets cannot be read has none here (and a line in `problems` when given)."""
+    """Committed offsets of the consumer groups whose id `want` accepts, each plus the
+    records past it the commit marks answered (`kafka.taken`). A group whose offsets cannot
+    be read has none here (and a line in `problems` when given)."""
     admin = kafka.admin(settings)
     await admin.start()
     try:
@@ -124,7 +125,10 @@ async def group_offsets(
                 if problems is not None:
                     problems.append(f"group {gid}: offsets unknown ({_reason(exc)})")
                 continue
-            out[gid] = {(tp.topic, tp.partition): m.offset for tp, m in offsets.items()}
+            out[gid] = {
+                (t.topic, t.partition): kafka.taken(m.offset, m.metadata)
+                for t, m in offsets.items()
+            }
         return out
     finally:
         await admin.close()

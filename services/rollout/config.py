@@ -76,8 +76,9 @@ class FeederSettings(Section):
     max_backlog: int = Field(default=16, ge=1)
     """Tasks published but not yet taken by the generators' consumer group, at most."""
     max_sandbox_backlog: int = Field(default=16, ge=0)
-    """While the sandbox tier has more requests than this waiting (published minus the
-    sandbox workers' committed offsets), suites whose verifier runs in the sandbox are not
+    """While the sandbox tier has more requests than this waiting (published minus those the
+    sandbox workers' commits account for: below the committed offsets or marked answered
+    past them, schemas/answered.py), suites whose verifier runs in the sandbox are not
     sampled: their samples would only queue and reach the learner too stale to train on.
     0: no limit."""
     sandbox_backpressure: Literal["suites", "all"] = "suites"

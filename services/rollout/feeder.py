@@ -317,7 +317,8 @@ class Feeder:
         )
 
     async def sandbox_backlog(self) -> int:
-        """Sandbox requests published but not yet committed by the sandbox workers."""
+        """Sandbox requests published but not yet answered by the sandbox workers (their
+        committed offsets plus the answered records their commits mark past them)."""
         requests = kafka.topic(self.settings, topics.SANDBOX_REQUESTS)
         published = await self._retrying(kafka.record_count, self.settings, self.reader, requests)
         group = kafka.group(self.settings, topics.SANDBOX_WORKERS)

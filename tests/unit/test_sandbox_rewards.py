@@ -11,6 +11,7 @@ from sandbox_workers.outbox import Outbox
 from sandbox_workers.protocol import Execution
 from sandbox_workers.rewards import PENALIZED, reward
 from sandbox_workers.sandbox import interpret
+from schemas import answered
 from schemas.sandbox import Outcome
 from services.settings import RewardsSettings
 
@@ -71,22 +72,61 @@ def test_interpret(ex: Execution, outcome: str) -> None:
     assert interpret(ex)["outcome"] == outcome
 
 
-def test_outbox_publishes_contiguous_prefixes_only() -> None:
+def test_outbox_publishes_what_finished_and_commits_the_contiguous_prefix() -> None:
     box: Outbox[str] = Outbox()
     a0, a1, a2 = box.add("a", 10), box.add("a", 11), box.add("a", 13)
     b0 = box.add("b", 5)
     Outbox.finish(a1, ["r11"])
     Outbox.finish(b0, [])
+    batch = box.ready()  # a1 goes out although a0 still runs; a's commit stays at a0
+    assert batch.outputs == ["r11"]
+    assert batch.offsets == {"a": (10, answered.encode(10, [11])), "b": (6, "")}
+    assert box.commit(batch) == [a1, b0] and box.pending() == 3
+    assert not box.ready()  # nothing new finished
+    Outbox.finish(a2, ["r13"])
     batch = box.ready()
-    assert batch.offsets == {"b": 6} and batch.outputs == []
+    assert batch.outputs == ["r13"] and answered.decode(10, batch.offsets["a"][1]) == {11, 13}
     box.commit(batch)
     Outbox.finish(a0, ["r10"])
     batch = box.ready()
-    assert batch.offsets == {"a": 12} and batch.outputs == ["r10", "r11"]
-    Outbox.finish(a2, ["r13"])
-    assert box.ready().offsets == {"a": 14}  # not committed yet: still there
-    box.commit(box.ready())
+    assert batch.offsets == {"a": (14, "")} and batch.outputs == ["r10"]
+    box.commit(batch)
     assert box.pending() == 0 and not box.ready()
+
+
+def test_outbox_skips_what_the_last_owner_answered_and_keeps_marking_it() -> None:
+    box: Outbox[str] = Outbox()
+    box.inherit("a", {21, 23})
+    a20, a21 = box.add("a", 20), box.add("a", 21)
+    assert a21.outputs == [] and a20.outputs is None  # answered already: nothing to run
+    batch = box.ready()
+    assert batch.outputs == [] and batch.offsets == {"a": (20, answered.encode(20, [21, 23]))}
+    box.commit(batch)
+    Outbox.finish(a20, ["r20"])
+    batch = box.ready()  # 23 was never fetched here: the metadata still marks it
+    assert batch.offsets == {"a": (22, answered.encode(22, [23]))}
+    box.commit(batch)
+    assert box.add("a", 23).outputs == [] and box.add("a", 24).outputs is None
+
+
+def test_outbox_holds_back_what_the_metadata_cannot_reach() -> None:
+    box: Outbox[str] = Outbox()
+    first, far = box.add("a", 0), box.add("a", answered.MAX_SPAN)
+    Outbox.finish(far, ["late"])
+    assert not box.ready()  # published only once the commit moves closer
+    Outbox.finish(first, ["early"])
+    batch = box.ready()
+    assert batch.outputs == ["early"] and batch.offsets == {"a": (answered.MAX_SPAN, "")}
+    box.commit(batch)
+    assert box.ready().outputs == ["late"]
+
+
+def test_outbox_commit_of_a_dropped_partition_forgets_it() -> None:
+    box: Outbox[str] = Outbox()
+    Outbox.finish(box.add("a", 1), ["x"])
+    batch = box.ready()
+    box.drop(["a"])
+    assert len(box.commit(batch)) == 1 and not box.known("a") and box.pending() == 0
 
 
 def test_outbox_drop_and_order_checks() -> None:

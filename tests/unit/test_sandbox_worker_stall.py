@@ -23,7 +23,7 @@ class _HangingIO:
     def __init__(self) -> None:
         self.release = asyncio.Event()
 
-    async def publish(self, outputs: Sequence[Any], offsets: Mapping[Any, int]) -> None:
+    async def publish(self, outputs: Sequence[Any], offsets: Mapping[Any, tuple[int, str]]) -> None:
         await self.release.wait()
 
 
