@@ -65,6 +65,10 @@ class SandboxSettings(Section):
     uncommitted, so another worker runs them."""
     dedup_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     """How long a worker remembers (in Redis) a request_id+attempt it has answered."""
+    publish_linger_s: float = Field(default=0.1, ge=0, le=5)
+    """How long the worker gathers finished results before it publishes them in one
+    transaction (each transaction costs the broker and the worker about the same whatever
+    it holds; 0: publish at once, one transaction per job at a steady pace)."""
     publish_stall_s: float = Field(default=90.0, gt=0)
     """A publication (one transaction of results and offsets) still unfinished after this
     long means the worker's Kafka clients are wedged (for instance after a pause past the

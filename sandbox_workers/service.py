@@ -179,6 +179,8 @@ class SandboxWorker:
         while not stop.is_set() or self.tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 0.2)
+            if self._wake.is_set() and not stop.is_set():  # gather more into the transaction
+                await asyncio.sleep(self.section.publish_linger_s)
             self._wake.clear()
             await self._flush_retrying()
             replaced = getattr(getattr(self.sandbox, "runner", None), "replaced", None)

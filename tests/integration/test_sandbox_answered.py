@@ -5,7 +5,6 @@ what is left, so every request is answered exactly once."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from tests.integration.test_sandbox_worker import (
     request,
     results_by_request,
     run_settings,
+    serve_in_process,
 )
 from tests.unit.sandbox_programs import GOOD
 
@@ -39,32 +39,6 @@ async def _commit(run: Settings) -> tuple[int, str]:
     return meta.offset, meta.metadata
 
 
-async def _serve(run: Settings, dedup_ns: str, until: Any) -> None:
-    """One in-process worker (local runner) until `until(worker)` (a minute at most)."""
-    from sandbox_workers.dedup import Dedup
-    from sandbox_workers.local import LocalRunner
-    from sandbox_workers.sandbox import VerifyingSandbox
-    from services import blobs, sandbox_wiring
-
-    sandbox = VerifyingSandbox(LocalRunner(concurrency=2), worker_id="answered")
-    claim_check = blobs.from_settings(run)
-    dedup = Dedup(run.redis.endpoint, dedup_ns, 60)
-    worker = sandbox_wiring.worker(run, sandbox, "answered", claim_check, dedup)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        for _ in range(300):
-            if await until(worker) or task.done():
-                break
-            await asyncio.sleep(0.2)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-        await sandbox.close()
-        await claim_check.aclose()
-        await dedup.close()
-
-
 async def test_a_held_job_holds_back_nothing_and_its_successor_runs_only_it(
     settings: Settings, prefix: str, tmp_path: Path
 ) -> None:
@@ -82,7 +56,7 @@ async def test_a_held_job_holds_back_nothing_and_its_successor_runs_only_it(
     async def fast_ones_out(_worker: Any) -> bool:
         return len(await results_by_request(run, prefix)) >= N_FAST
 
-    await _serve(run, prefix, fast_ones_out)  # then stopped with req-0 still held
+    await serve_in_process(run, prefix, fast_ones_out)  # then stopped with req-0 still held
     first = await results_by_request(run, prefix)
     assert first == Counter({f"req-{i}#0": 1 for i in range(1, N_FAST + 1)}), first
     offset, metadata = await _commit(run)
@@ -95,7 +69,7 @@ async def test_a_held_job_holds_back_nothing_and_its_successor_runs_only_it(
 
     # Its own dedup namespace: only the commit's metadata keeps it from answering again
     # (as after a crash between the commit and the dedup write).
-    await _serve(run, f"{prefix}-successor", all_out)
+    await serve_in_process(run, f"{prefix}-successor", all_out)
     final = await results_by_request(run, prefix)
     assert final == Counter({f"req-{i}#0": 1 for i in range(N_FAST + 1)}), final
     offset_after, metadata_after = await _commit(run)

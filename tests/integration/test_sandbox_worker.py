@@ -108,14 +108,44 @@ async def results_by_request(settings: Settings, prefix: str) -> Counter[str]:
     return Counter(f"{r.request_id}#{r.attempt}" for r in results)
 
 
+async def serve_in_process(
+    run: Settings, dedup_ns: str, until: Any, worker_id: str = "drain"
+) -> None:
+    """One in-process worker (local runner, 2 jobs at once) until `until(worker)` is true
+    or it stops (a minute at most); then stopped as by SIGTERM."""
+    from sandbox_workers.dedup import Dedup
+    from sandbox_workers.local import LocalRunner
+    from sandbox_workers.sandbox import VerifyingSandbox
+    from services import blobs, sandbox_wiring
+
+    sandbox = VerifyingSandbox(LocalRunner(concurrency=2), worker_id=worker_id)
+    claim_check = blobs.from_settings(run)
+    dedup = Dedup(run.redis.endpoint, dedup_ns, 60)
+    worker = sandbox_wiring.worker(run, sandbox, worker_id, claim_check, dedup)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        for _ in range(300):
+            if await until(worker) or task.done():
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await sandbox.close()
+        await claim_check.aclose()
+        await dedup.close()
+
+
 async def test_exactly_one_result_per_request_across_a_sigkill(
     settings: Settings, prefix: str, _stack_up: None
 ) -> None:
     run = run_settings(settings, prefix)
     await topics.ensure(run)
-    await produce(
-        run, prefix, [(f"req-{i}".encode(), encode(request(i))) for i in range(N_REQUESTS)]
-    )
+    # every 10th job sleeps: results go out of offset order, the commits mark them answered
+    slow = "import time\ntime.sleep(1.0)\n" + GOOD
+    reqs = [request(i, code=slow if i % 10 == 0 else GOOD) for i in range(N_REQUESTS)]
+    await produce(run, prefix, [(r.request_id.encode(), encode(r)) for r in reqs])
     (a, _), (b, _) = start_worker(prefix, "a"), start_worker(prefix, "b")
     procs = [a, b]
     try:
@@ -151,10 +181,7 @@ async def test_exactly_one_result_per_request_across_a_sigkill(
 
 
 async def test_dead_letters_dedup_and_inline_verifiers(settings: Settings, prefix: str) -> None:
-    from sandbox_workers.dedup import Dedup
-    from sandbox_workers.local import LocalRunner
-    from sandbox_workers.sandbox import VerifyingSandbox
-    from services import blobs, sandbox_wiring
+    from services import blobs
 
     run = run_settings(settings, prefix)
     await topics.ensure(run)
@@ -173,24 +200,12 @@ async def test_dead_letters_dedup_and_inline_verifiers(settings: Settings, prefi
         (b"req-4", big_value),
     ]
     await produce(run, prefix, records)
-    sandbox = VerifyingSandbox(LocalRunner(), worker_id="inproc")
-    claim_check = blobs.from_settings(run)
-    dedup = Dedup(run.redis.endpoint, prefix, 60)
-    worker = sandbox_wiring.worker(run, sandbox, "inproc", claim_check, dedup)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        deadline = time.monotonic() + 60
-        seen: Counter[str] = Counter()
-        while len(seen) < 4 and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            seen = await results_by_request(run, prefix)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-        await sandbox.close()
-        await claim_check.aclose()
-        await dedup.close()
+
+    async def four_answered(_worker: Any) -> bool:
+        return len(await results_by_request(run, prefix)) >= 4
+
+    await serve_in_process(run, prefix, four_answered, worker_id="inproc")
+    seen = await results_by_request(run, prefix)
     assert seen == Counter({"req-1#0": 1, "req-1#1": 1, "req-3#0": 1, "req-4#0": 1})
     letters = [decode(v, DeadLetter) for v in await read_all(run, registry.DLQ.full_name(prefix))]
     assert len(letters) == 1 and "undecodable sandbox request" in letters[0].reason
@@ -211,11 +226,6 @@ async def test_stop_with_jobs_in_flight_loses_and_repeats_nothing(
     the next worker answers each of them once."""
     from prometheus_client import REGISTRY
 
-    from sandbox_workers.dedup import Dedup
-    from sandbox_workers.local import LocalRunner
-    from sandbox_workers.sandbox import VerifyingSandbox
-    from services import blobs, sandbox_wiring
-
     run = run_settings(settings, prefix)
     run = run.model_copy(
         update={"sandbox": run.sandbox.model_copy(update={"shutdown_grace_s": 0.1})}
@@ -228,34 +238,17 @@ async def test_stop_with_jobs_in_flight_loses_and_repeats_nothing(
     await produce(run, prefix, reqs)
     before = REGISTRY.get_sample_value("rollstream_sandbox_transactions_total") or 0.0
 
-    async def one_worker(until: Any) -> None:
-        sandbox = VerifyingSandbox(LocalRunner(concurrency=2), worker_id="drain")
-        claim_check = blobs.from_settings(run)
-        dedup = Dedup(run.redis.endpoint, prefix, 60)
-        worker = sandbox_wiring.worker(run, sandbox, "drain", claim_check, dedup)
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.run(stop))
-        for _ in range(300):  # at most a minute
-            if await until(worker):
-                break
-            await asyncio.sleep(0.2)
-        stop.set()
-        await asyncio.wait_for(task, 60)
-        await sandbox.close()
-        await claim_check.aclose()
-        await dedup.close()
-
     async def busy(worker: Any) -> bool:
         return len(worker.tasks) >= 2
 
-    await one_worker(busy)
+    await serve_in_process(run, prefix, busy)
     assert await results_by_request(run, prefix) == Counter()  # nothing half-done published
     flag.unlink()
 
     async def all_answered(_worker: Any) -> bool:
         return len(await results_by_request(run, prefix)) == 6
 
-    await one_worker(all_answered)
+    await serve_in_process(run, prefix, all_answered)
     final = await results_by_request(run, prefix)
     assert final == Counter({f"req-{i}#0": 1 for i in range(6)}), final
     after = REGISTRY.get_sample_value("rollstream_sandbox_transactions_total") or 0.0
