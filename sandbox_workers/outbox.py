@@ -127,7 +127,8 @@ class Outbox(Generic[P]):
     def drop(self, partitions: list[P]) -> list[Entry]:
         """Forget revoked partitions (their unpublished work is redone by the new owner);
         returns the entries forgotten."""
-        return [e for p in partitions for e in getattr(self._parts.pop(p, None), "entries", ())]
+        gone = [self._parts.pop(p) for p in partitions if p in self._parts]
+        return [e for part in gone for e in part.entries]
 
     def pending(self) -> int:
         """Consumed records not yet below a committed offset (published ones included)."""

@@ -287,14 +287,13 @@ class SandboxWorker:
             return records
         seen = dict(self.generation)
         done = await self.io.answered(new)
-        for tp in new:
-            if self.generation.get(tp, 0) == seen.get(tp, 0):
-                self.outbox.inherit(tp, done.get(tp, set()))
-        return [
-            r
-            for r in records
-            if self.generation.get((r.topic, r.partition), 0) == seen.get((r.topic, r.partition), 0)
-        ]
+
+        def still_ours(tp: Partition) -> bool:  # not revoked during the await
+            return self.generation.get(tp, 0) == seen.get(tp, 0)
+
+        for tp in filter(still_ours, new):
+            self.outbox.inherit(tp, done.get(tp, set()))
+        return [r for r in records if still_ours((r.topic, r.partition))]
 
     def stalled_for(self, now: float) -> float:
         """Seconds the publication under way has taken so far (0: none under way)."""
