@@ -135,6 +135,9 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
     # share of the machine's CPU busy during the run (async: start-up and drain included)
     raw["cpu_busy"] = (busy_cpu_s() - busy0) / ((time.monotonic() - wall0) * (os.cpu_count() or 1))
     raw["heldout"] = asyncio.run(pm.curve(s, raw.pop("snapshots"), args.eval_tasks))
+    # [[learner version of the snapshot, held-out pass]]: learning per step, for both modes
+    versions = raw.pop("snapshot_steps")
+    raw["heldout_steps"] = [[v, p] for v, (_, p) in zip(versions, raw["heldout"], strict=True)]
     raw["throughput"] = pm.rates(raw.pop("times"), until=raw["seconds"])
     samples = raw.get("samples", len(raw["log"]))
     raw.update(seed=seed, samples=samples, samples_per_s=samples / max(raw["seconds"], 1e-9))
@@ -190,8 +193,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
     for m, rs in runs.items():
         for r in rs:
             r["time_to_target"] = pm.time_to(r["heldout"], target)
+            r["steps_to_target"] = pm.time_to(r.get("heldout_steps", []), target)
         out[m] = {
             "time_to_target": pm.median([r["time_to_target"] for r in rs]),
+            "steps_to_target": pm.median([r["steps_to_target"] for r in rs]),
+            "trained_per_step": pm.median([r.get("trained", 0) / max(1, r["steps"]) for r in rs]),
             "samples_per_s": pm.median([r["samples_per_s"] for r in rs]),
             "stale_pct": pm.median([r["stale_pct"] for r in rs]),
             "cpu_busy": pm.median([r["cpu_busy"] for r in rs]),
@@ -235,6 +241,11 @@ def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console:
     console.print(f"time-to-target ratio {sm['ttt_ratio']:.2f} (80% bootstrap interval over "
                   f"seeds {lo:.2f}-{hi:.2f})")  # fmt: skip
     console.print(f"samples/s ratio {sm['sps_ratio']:.2f}")
+    steps = {m: f"{sm[m]['steps_to_target']:.0f}" for m in ("async", "sync")}
+    console.print(f"learner steps to target: async {steps['async']}, sync {steps['sync']} "
+                  "(medians; inf: not reached)")  # fmt: skip
+    console.print(f"samples trained per learner step: async {sm['async']['trained_per_step']:.0f}, "
+                  f"sync {sm['sync']['trained_per_step']:.0f} (medians)")  # fmt: skip
     console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
     console.print(f"machine CPU busy: async {sm['async']['cpu_busy']:.0%}, "
                   f"sync {sm['sync']['cpu_busy']:.0%} (medians)")  # fmt: skip

@@ -56,7 +56,7 @@ async def sync_run(
     log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
     tally = [0, 0, 0, 0]  # tokens scored, tokens kept for training, groups, all-equal groups
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
-    steps, t0 = 0, time.monotonic()
+    steps, t0, snapshot_steps, trained = 0, time.monotonic(), [0], 0
     try:
         while time.monotonic() - t0 < minutes * 60:
             sample = functools.partial(_sample_batch, policy, text, sampler, s, rng)
@@ -64,16 +64,19 @@ async def sync_run(
             batch = await _batch(sample, judges, text, s, log, tally, span, adapt)
             if batch:
                 await asyncio.to_thread(trainer.step, batch)
-                steps += 1
+                steps, trained = steps + 1, trained + len(batch)
             now = time.monotonic() - t0
             if now - snapshots[-1][0] >= eval_every_s:
                 snapshots.append((now, policy.weights()))
+                snapshot_steps.append(steps)
     finally:
         await sandbox.close()
     elapsed = time.monotonic() - t0
     snapshots.append((elapsed, policy.weights()))
+    snapshot_steps.append(steps)
     return {"mode": "sync", "log": log, "seconds": elapsed, "steps": steps,
-            "snapshots": snapshots, "stale_drops": 0, "settled": len(log),
+            "snapshots": snapshots, "snapshot_steps": snapshot_steps, "stale_drops": 0,
+            "settled": len(log), "trained": trained,
             "flat_groups": tally[3] / max(1, tally[2])}  # fmt: skip
 
 
