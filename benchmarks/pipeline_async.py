@@ -18,9 +18,7 @@ from rich.console import Console
 from services.settings import Settings
 
 
-async def _snapshots(
-    demo: Any, every_s: float, out: list[tuple[float, dict[str, Any]]], versions: list[int]
-) -> None:
+async def _snapshots(demo: Any, every_s: float, out: list[tuple[float, Any, int]]) -> None:
     from learner.weights import fetch
     from schemas import codec, topics
     from schemas.learning import WeightUpdate
@@ -44,8 +42,7 @@ async def _snapshots(
             state = await asyncio.to_thread(
                 fetch, update.uri, update.sha256, redis_url=s.redis.endpoint
             )
-            out.append((t, state))
-            versions.append(update.version)
+            out.append((t, state, update.version))
             seen = update.version
 
 
@@ -57,9 +54,8 @@ async def async_run(
 
     demo = Demo(s, console)
     demo.initial_state = state
-    snaps: list[tuple[float, dict[str, Any]]] = [(0.0, state)]
-    versions = [0]
-    taker = asyncio.create_task(_snapshots(demo, eval_every_s, snaps, versions))
+    snaps: list[tuple[float, Any, int]] = [(0.0, state, 0)]  # (seconds, weights, version)
+    taker = asyncio.create_task(_snapshots(demo, eval_every_s, snaps))
     try:
         rc = await demo.run()
     finally:
@@ -68,10 +64,10 @@ async def async_run(
             await taker
     if rc != 0:
         raise RuntimeError(f"the asynchronous run failed (exit {rc}); see {demo.dir}/logs")
-    return _measured(demo, list(zip(snaps, versions, strict=True)), minutes * 60)
+    return _measured(demo, snaps, minutes * 60)
 
 
-def _measured(demo: Any, snaps: list[tuple[tuple[float, Any], int]], span_s: float) -> dict:
+def _measured(demo: Any, snaps: list[tuple[float, Any, int]], span_s: float) -> dict:
     """The run from the moment the services were up (the last snapshot row before the
     first trajectory: start-up of the processes is not counted, as the sync loop does not
     count its sandbox pool's) for `span_s` seconds; times relative to that moment."""
@@ -87,11 +83,12 @@ def _measured(demo: Any, snaps: list[tuple[tuple[float, Any], int]], span_s: flo
         if t_ready <= m * 60 + 30 <= end:
             log += [(m * 60 + 30.0 - t_ready, total / n)] * int(n)
     stale = sum(n for k, n in demo.stats.drop_reasons.items() if "stale" in k)
-    kept = [((max(0.0, t - t_ready), st), v) for (t, st), v in snaps if t <= end + 1]
-    kept = [kept[0]] + [x for x in kept[1:] if x[0][0] > 0]
+    kept = [(max(0.0, t - t_ready), st, v) for t, st, v in snaps if t <= end + 1]
+    kept = [kept[0]] + [x for x in kept[1:] if x[0] > 0]
     return {
         "mode": "async", "log": log, "seconds": min(span_s, rows[-1].t - t_ready if rows else 0),
-        "snapshots": [x for x, _ in kept], "snapshot_steps": [v for _, v in kept], "times": times,
+        "snapshots": [(t, st) for t, st, _ in kept], "snapshot_steps": [v for *_, v in kept],
+        "times": times,
         "samples": (rows[-1].scored - rows[0].scored) if rows else 0, "stale_drops": stale,
         "settled": len(demo.stats.ledger), "drop_reasons": dict(demo.stats.drop_reasons),
         "trained": sum(st == "trained" for st in demo.stats.ledger.values()),
