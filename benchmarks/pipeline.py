@@ -52,6 +52,7 @@ from benchmarks.cpu import busy_cpu_s  # noqa: E402
 from schemas.rollout import Task  # noqa: E402
 from services import suites  # noqa: E402
 from services.settings import Settings, load  # noqa: E402
+from services.suites.arith import MAX_A  # noqa: E402
 
 
 def slow_tasks(group_size: int, cost: str) -> list[Task]:
@@ -72,14 +73,14 @@ def slow_tasks(group_size: int, cost: str) -> list[Task]:
 def bench_settings(
     args: argparse.Namespace, prefix: str, task_file: Path, seed: int, calibration: str = ""
 ) -> Settings:
-    share = args.slow_share
+    share, arith = args.slow_share, arith_name(args)
     extra = [f"feeder.calibration={calibration}"] if calibration else []
     base = load(
         [
             "demo.policy=tiny", f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
             f"demo.report_dir={args.report_dir}", "demo.live=false",
             f"demo.eval_tasks={args.eval_tasks}", "demo.drain_s=10",
-            f"sandbox.pool_size={args.pool}", f"feeder.suites=arith={1 - share},pyslow={share}",
+            f"sandbox.pool_size={args.pool}", f"feeder.suites={arith}={1 - share},pyslow={share}",
             f"feeder.task_files={task_file}", f"feeder.seed={seed}",
             # the same task mix in both modes: a backed-up sandbox tier pauses every suite
             f"feeder.max_sandbox_backlog={args.max_sandbox_backlog}",
@@ -92,7 +93,12 @@ def bench_settings(
     return run_settings(base)
 
 
-def initial_state(s: Settings) -> dict[str, Any]:
+def arith_name(args: argparse.Namespace) -> str:
+    """The suite the `arith` tasks are fed as: the built-in one, or the wider pool."""
+    return "arith" if args.arith_max == MAX_A else pm.WIDE
+
+
+def initial_state(s: Settings, max_a: int = MAX_A) -> dict[str, Any]:
     import torch
 
     from learner.spec import make_policy
@@ -102,16 +108,19 @@ def initial_state(s: Settings) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     policy = make_policy(resolved(s))
-    warm = s.model_copy(
-        update={"feeder": s.feeder.model_copy(update={"suites": {"arith": 0.7, "pyfunc": 0.3}})}
-    )
-    warmup.supervised(policy, for_policy(policy), warmup_pairs(), warm)
+    pairs = warmup_pairs(max_a)
+    mix = {pairs[0][0].suite: 0.7, "pyfunc": 0.3}
+    warm = s.model_copy(update={"feeder": s.feeder.model_copy(update={"suites": mix})})
+    warmup.supervised(policy, for_policy(policy), pairs, warm)
     return policy.weights()
 
 
-def warmup_pairs() -> list[tuple[Task, str]]:
-    return [(t, suites.get(n).example(t)) for n in ("arith", "pyfunc")
-            for t in suites.get(n).tasks("warmup")]  # fmt: skip
+def warmup_pairs(max_a: int = MAX_A) -> list[tuple[Task, str]]:
+    """The supervised warm-up's examples: `arith` (of the pool's universe) and `pyfunc`."""
+    pyfunc = suites.get("pyfunc")
+    return [(t, t.reference or "") for t in pm.arith_tasks("warmup", max_a)] + [
+        (t, pyfunc.example(t)) for t in pyfunc.tasks("warmup")
+    ]
 
 
 # -- one run per mode and seed --------------------------------------------------------------
@@ -134,7 +143,7 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
         raw = asyncio.run(async_run(s, ctx["state"], ctx["console"], args.eval_every, args.minutes))
     # share of the machine's CPU busy during the run (async: start-up and drain included)
     raw["cpu_busy"] = (busy_cpu_s() - busy0) / ((time.monotonic() - wall0) * (os.cpu_count() or 1))
-    raw["heldout"] = asyncio.run(pm.curve(s, raw.pop("snapshots"), args.eval_tasks))
+    raw["heldout"] = asyncio.run(pm.curve(s, raw.pop("snapshots"), args.eval_tasks, args.arith_max))
     # [[learner version of the snapshot, held-out pass]]: learning per step, for both modes
     versions = raw.pop("snapshot_steps")
     raw["heldout_steps"] = [[v, p] for v, (_, p) in zip(versions, raw["heldout"], strict=True)]
@@ -159,7 +168,7 @@ def run_trl(args: argparse.Namespace, ctx: dict[str, Any], seed: int) -> dict[st
     rows += [{"prompt": slow[i % len(slow)].prompt, "answer": None} for i in range(n_slow)]
     ls = s.learner
     cfg = {
-        "tasks": rows, "warmup": [[t.prompt, a] for t, a in warmup_pairs()],
+        "tasks": rows, "warmup": [[t.prompt, a] for t, a in warmup_pairs(args.arith_max)],
         "warmup_steps": s.demo.warmup_steps, "seed": seed, "dim": ls.tiny_dim,
         "layers": ls.tiny_layers, "heads": ls.tiny_heads, "max_seq_len": ls.max_seq_len,
         "pool": args.pool, "cost": args.cost, "group_size": s.feeder.group_size,
@@ -303,6 +312,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--calibrate", type=int, default=16, metavar="K",
                     help="samples per training task measuring the initial policy's pass rate; "
                     "only tasks in feeder.pass_band are fed, in every mode (0: all)")  # fmt: skip
+    ap.add_argument("--arith-max", type=int, default=MAX_A, metavar="A",
+                    help="arith tasks a+b with a < A: 100, the built-in suite (614 train, "
+                    "193 held-out); 1000, a pool ten times larger (suite arithw, fed from "
+                    "the task file; `--eval-tasks` spread over its held-out split)")  # fmt: skip
     ap.add_argument("--eval-tasks", type=int, default=193, help="held-out arith tasks (193: all)")
     ap.add_argument("--eval-every", type=float, default=10.0, help="seconds between snapshots")
     ap.add_argument("--max-sandbox-backlog", type=int, default=96,
@@ -328,12 +341,14 @@ def main() -> None:
     out_dir = args.report_dir / prefix
     out_dir.mkdir(parents=True, exist_ok=True)
     slow = slow_tasks(group_size=8, cost=args.cost)
+    arith = pm.arith_tasks("train", args.arith_max)
+    fed = slow if args.arith_max == MAX_A else slow + arith  # the wider pool: from the file
     task_file = out_dir / "pyslow.jsonl"
-    task_file.write_text("".join(msgspec.json.encode(t).decode() + "\n" for t in slow))
+    task_file.write_text("".join(msgspec.json.encode(t).decode() + "\n" for t in fed))
     s = bench_settings(args, f"{prefix}-x", task_file, 0)
     console.print(f"warm-up of the shared initial policy; results in {out_dir}")
-    ctx = {"prefix": prefix, "task_file": task_file, "state": initial_state(s),
-           "tasks": suites.get("arith").tasks("train") + slow, "console": console,
+    ctx = {"prefix": prefix, "task_file": task_file, "state": initial_state(s, args.arith_max),
+           "tasks": arith + slow, "console": console,
            "settings": s, "out_dir": out_dir, "calibration": ""}  # fmt: skip
     if args.calibrate:  # every mode gets the tasks the initial policy passes in the band
         from benchmarks.pipeline_calibrate import calibrate

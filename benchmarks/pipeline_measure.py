@@ -25,8 +25,37 @@ def cost_code(kind: str, cap: float = 6.0) -> str:
     return f"import random as _r, time as _t\n_t.sleep({COSTS[kind].format(cap=cap)})\n"
 
 
-def heldout_tasks(n: int) -> list[Task]:
-    return suites.get("arith").tasks("heldout")[:n]
+WIDE = "arithw"
+"""The suite name of the wider `arith` pool (`--arith-max` above 100): fed from the
+benchmark's task file, so it cannot collide with the built-in `arith`."""
+
+
+def arith_tasks(split: suites.Split, max_a: int = 100) -> list[Task]:
+    """`arith` tasks of `split` with first number below `max_a`: the built-in suite at 100,
+    above it the wider universe as suite `arithw` (ids `arithw/A+B`, the split of
+    `arith/A+B`: the 1000 built-in tasks keep theirs)."""
+    import msgspec
+
+    from services.suites.arith import MAX_A, Arith
+
+    tasks = Arith(max_a=max_a).tasks(split)
+    if max_a == MAX_A:
+        return tasks
+    return [
+        msgspec.structs.replace(t, suite=WIDE, task_id=t.task_id.replace("arith/", f"{WIDE}/", 1))
+        for t in tasks
+    ]
+
+
+def heldout_tasks(n: int, max_a: int = 100) -> list[Task]:
+    """`n` held-out tasks: the first `n` of the built-in suite, or of a wider universe `n`
+    spread evenly over it (so the held-out set has the training pool's distribution)."""
+    from services.suites.arith import MAX_A
+
+    held = arith_tasks("heldout", max_a)
+    if max_a == MAX_A or n >= len(held):
+        return held[:n]
+    return [held[i * len(held) // n] for i in range(n)]
 
 
 async def greedy_pass(s: Settings, policy: Any, text: Any, tasks: list[Task]) -> float:
@@ -46,14 +75,16 @@ async def greedy_pass(s: Settings, policy: Any, text: Any, tasks: list[Task]) ->
     return sum(ok for _, ok in verdicts) / max(1, len(verdicts))
 
 
-async def curve(s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int) -> list:
+async def curve(
+    s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int, max_a: int = 100
+) -> list:
     """[[seconds, held-out greedy pass]] of each (seconds, weights) snapshot."""
     from learner.spec import make_policy
     from services.models import resolved
     from services.rollout.textcodec import for_policy
 
     policy = make_policy(resolved(s))
-    text, tasks, out = for_policy(policy), heldout_tasks(n), []
+    text, tasks, out = for_policy(policy), heldout_tasks(n, max_a), []
     for t, state in snapshots:
         policy.load_weights(state)
         out.append([round(t, 1), round(await greedy_pass(s, policy, text, tasks), 4)])

@@ -29,3 +29,28 @@ def test_interval_brackets_the_ratio_and_is_a_point_when_seeds_agree() -> None:
     lo, hi = pm.ttt_ratio_interval({"async": fast, "sync": slow}, draws=500)
     assert lo < pm.ttt_ratio({"async": fast, "sync": slow}) < hi
     assert lo >= 30 / 40 and hi <= 30 / 10
+
+
+def test_the_wider_arith_pool_keeps_every_built_in_task_in_its_split() -> None:
+    from services import suites
+
+    built_in = {t.task_id: s for s in suites.SPLITS for t in suites.get("arith").tasks(s)}
+    wide = {t.task_id: s for s in suites.SPLITS for t in pm.arith_tasks(s, 1000)}
+    assert len(wide) == 10_000 and all(k.startswith(f"{pm.WIDE}/") for k in wide)
+    assert len(built_in) == 1000
+    assert all(wide[k.replace("arith", pm.WIDE, 1)] == split for k, split in built_in.items())
+    assert {t.suite for t in pm.arith_tasks("train", 1000)} == {pm.WIDE}
+
+
+def test_held_out_tasks_are_the_built_in_ones_or_spread_over_the_wider_split() -> None:
+    from services import suites
+
+    assert [t.task_id for t in pm.heldout_tasks(50)] == [
+        t.task_id for t in suites.get("arith").tasks("heldout")[:50]
+    ]
+    spread = pm.heldout_tasks(193, 1000)
+    held = {t.task_id for t in pm.arith_tasks("heldout", 1000)}
+    assert len({t.task_id for t in spread}) == 193 and {t.task_id for t in spread} <= held
+    firsts = sorted(int(t.task_id.split("/")[1].split("+")[0]) for t in spread)
+    assert firsts[0] < 20 and firsts[-1] > 950  # spread over the universe, not its start
+    assert len(pm.heldout_tasks(5000, 1000)) == len(held)
