@@ -135,7 +135,9 @@ def run_one(mode: str, args: argparse.Namespace, ctx: dict[str, Any], seed: int)
     wall0, busy0 = time.monotonic(), busy_cpu_s()
     if mode == "sync":
         tasks, threads = ctx["tasks"], args.sync_threads
-        raw = asyncio.run(sync_run(s, ctx["state"], tasks, args.minutes, args.eval_every, threads))
+        raw = asyncio.run(
+            sync_run(s, ctx["state"], tasks, args.minutes, args.eval_every, threads, args.sync_lag)
+        )
         raw["times"] = [t for t, _ in raw["log"]]
     else:
         s = s.model_copy(update={"demo": s.demo.model_copy(update={
@@ -305,6 +307,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--modes", default="sync,async", help="which of the two to run")
     ap.add_argument("--sync-threads", type=int, default=1,
                     help="(b): torch CPU threads (0: torch's default, one per core)")  # fmt: skip
+    ap.add_argument("--sync-lag", type=int, default=0, metavar="N",
+                    help="(b): sample each batch with the weights of N learner steps before "
+                    "(the staleness of (a) without its asynchrony; 0: on-policy)")  # fmt: skip
     ap.add_argument("--pool", type=int, default=16, help="sandbox containers (all modes)")
     ap.add_argument("--slow-share", type=float, default=0.3, help="weight of pyslow tasks")
     ap.add_argument("--cost", choices=sorted(pm.COSTS), default="pareto",

@@ -2,16 +2,20 @@
 
 Batch after batch: sample a batch of groups -> score every sample (in-process verifier, or
 the sandbox pool, each job under its timeout) and wait for the slowest -> one learner step
--> repeat, for `minutes`. The batch follows the learner's rule: with
-`learner.skip_no_signal` the samples of advantage 0 are left out (learner/signal.py), and
-the loop samples and scores again until `batch_tokens` of samples that teach are in hand
-(each further round sized by the share of them seen so far). Weight snapshots every
-`eval_every_s` seconds for the held-out curve (evaluated after the run, off the clock).
+-> repeat, for `minutes`. With `lag` > 0 the batch is sampled by the weights of `lag`
+steps before (a synchronous loop whose samples are as stale as the async pipeline's: the
+cost of staleness alone, corrected as the learner corrects it). The batch follows the
+learner's rule: with `learner.skip_no_signal` the samples of advantage 0 are left out
+(learner/signal.py), and the loop samples and scores again until `batch_tokens` of samples
+that teach are in hand (each further round sized by the share of them seen so far). Weight
+snapshots every `eval_every_s` seconds for the held-out curve (evaluated after the run,
+off the clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import time
 from typing import Any
@@ -28,8 +32,10 @@ async def sync_run(
     minutes: float,
     eval_every_s: float,
     threads: int = 1,
+    lag: int = 0,
 ) -> dict[str, Any]:
-    """`threads`: torch CPU threads for sampling and training (0: torch's default)."""
+    """`threads`: torch CPU threads for sampling and training (0: torch's default); `lag`:
+    learner steps the sampling weights trail the trained ones by."""
     import torch
 
     from learner.spec import make_policy
@@ -46,6 +52,11 @@ async def sync_run(
     policy = make_policy(resolved(s))
     policy.load_weights(state)
     text = for_policy(policy)
+    behind = policy
+    if lag:  # samples with the weights of `lag` steps before
+        behind = make_policy(resolved(s))
+        behind.load_weights(state)
+    history = collections.deque([state], maxlen=lag + 1)  # weights after each of the steps
     trainer = Trainer(policy, train_config(s.learner), torch.device("cpu"))
     sampler = SuiteSampler(s.feeder.suites, seed=s.feeder.seed)
     sampler.add_all(tasks)
@@ -59,12 +70,15 @@ async def sync_run(
     steps, t0, snapshot_steps, trained = 0, time.monotonic(), [0], 0
     try:
         while time.monotonic() - t0 < minutes * 60:
-            sample = functools.partial(_sample_batch, policy, text, sampler, s, rng)
+            sample = functools.partial(_sample_batch, behind, text, sampler, s, rng)
             span = (t0, t0 + minutes * 60)
             batch = await _batch(sample, judges, text, s, log, tally, span, adapt)
             if batch:
                 await asyncio.to_thread(trainer.step, batch)
                 steps, trained = steps + 1, trained + len(batch)
+                if lag:
+                    history.append(policy.weights())
+                    behind.load_weights(history[0])
             now = time.monotonic() - t0
             if now - snapshots[-1][0] >= eval_every_s:
                 snapshots.append((now, policy.weights()))
@@ -76,7 +90,7 @@ async def sync_run(
     snapshot_steps.append(steps)
     return {"mode": "sync", "log": log, "seconds": elapsed, "steps": steps,
             "snapshots": snapshots, "snapshot_steps": snapshot_steps, "stale_drops": 0,
-            "settled": len(log), "trained": trained,
+            "settled": len(log), "trained": trained, "lag": lag,
             "flat_groups": tally[3] / max(1, tally[2])}  # fmt: skip
 
 
