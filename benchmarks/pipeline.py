@@ -226,7 +226,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
     return out
 
 
-def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console: Console) -> None:
+def report(
+    runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console: Console, argv: dict
+) -> None:
+    """Print the comparison; write pipeline.json (with `argv`, the run's options) and the
+    plot."""
     sm = summarize(runs)
     console.rule("[bold]asynchronous pipeline vs synchronous loop vs TRL GRPOTrainer")
     console.print(f"target held-out greedy pass {sm['target']:.3f} (initial "
@@ -265,7 +269,7 @@ def report(runs: dict[str, list[dict]], trl: list[dict], out_dir: Path, console:
                   f"sync {sm['sync']['flat_groups']:.0%} (medians)")  # fmt: skip
     console.print(f"throughput after the first minute (async): {sm['async_dip']}")
     (out_dir / "pipeline.json").write_text(
-        json.dumps({"summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)
+        json.dumps({"args": argv, "summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)
     )
     plot(runs, out_dir / "throughput.png")
     console.print(f"written: {out_dir / 'pipeline.json'}, {out_dir / 'throughput.png'}")
@@ -368,13 +372,14 @@ def main() -> None:
             console.rule(f"[bold]{mode}, seed {seed}")
             runs[mode].append(run_one(mode, args, ctx, seed))
     if not (runs["async"] and runs["sync"]):  # one mode only: its runs, no comparison
-        (out_dir / "pipeline.json").write_text(json.dumps({"runs": runs}, indent=1, default=str))
+        doc = {"args": vars(args), "runs": runs}
+        (out_dir / "pipeline.json").write_text(json.dumps(doc, indent=1, default=str))
         return
     trl = []
     for seed in range(args.trl_seeds):
         console.rule(f"[bold]TRL GRPOTrainer, seed {seed}")
         trl.append(run_trl(args, ctx, seed))
-    report(runs, trl, out_dir, console)
+    report(runs, trl, out_dir, console, vars(args))
 
 
 if __name__ == "__main__":
