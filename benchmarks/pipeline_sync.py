@@ -34,8 +34,7 @@ async def sync_run(
     threads: int = 1,
     lag: int = 0,
 ) -> dict[str, Any]:
-    """`threads`: torch CPU threads for sampling and training (0: torch's default); `lag`:
-    learner steps the sampling weights trail the trained ones by."""
+    """`threads`: torch CPU threads (0: torch's default); `lag`: see `_Trailing`."""
     import torch
 
     from learner.spec import make_policy
@@ -52,11 +51,7 @@ async def sync_run(
     policy = make_policy(resolved(s))
     policy.load_weights(state)
     text = for_policy(policy)
-    behind = policy
-    if lag:  # samples with the weights of `lag` steps before
-        behind = make_policy(resolved(s))
-        behind.load_weights(state)
-    history = collections.deque([state], maxlen=lag + 1)  # weights after each of the steps
+    behind = _Trailing(policy, lambda: make_policy(resolved(s)), state, lag)
     trainer = Trainer(policy, train_config(s.learner), torch.device("cpu"))
     sampler = SuiteSampler(s.feeder.suites, seed=s.feeder.seed)
     sampler.add_all(tasks)
@@ -70,15 +65,13 @@ async def sync_run(
     steps, t0, snapshot_steps, trained = 0, time.monotonic(), [0], 0
     try:
         while time.monotonic() - t0 < minutes * 60:
-            sample = functools.partial(_sample_batch, behind, text, sampler, s, rng)
+            sample = functools.partial(_sample_batch, behind.policy, text, sampler, s, rng)
             span = (t0, t0 + minutes * 60)
             batch = await _batch(sample, judges, text, s, log, tally, span, adapt)
             if batch:
                 await asyncio.to_thread(trainer.step, batch)
                 steps, trained = steps + 1, trained + len(batch)
-                if lag:
-                    history.append(policy.weights())
-                    behind.load_weights(history[0])
+                behind.stepped()
             now = time.monotonic() - t0
             if now - snapshots[-1][0] >= eval_every_s:
                 snapshots.append((now, policy.weights()))
@@ -92,6 +85,24 @@ async def sync_run(
             "snapshots": snapshots, "snapshot_steps": snapshot_steps, "stale_drops": 0,
             "settled": len(log), "trained": trained, "lag": lag,
             "flat_groups": tally[3] / max(1, tally[2])}  # fmt: skip
+
+
+class _Trailing:
+    """What the sync loop samples with: the trained policy itself, or (`lag` > 0) a second
+    policy holding the weights of `lag` learner steps before."""
+
+    def __init__(self, trained: Any, make: Any, state: dict[str, Any], lag: int) -> None:
+        self.trained, self.lag, self.policy = trained, lag, trained
+        if lag:
+            self.policy = make()
+            self.policy.load_weights(state)
+        self.history = collections.deque([state], maxlen=lag + 1)  # weights after each step
+
+    def stepped(self) -> None:
+        """After a learner step: the sampling weights move to those of `lag` steps before."""
+        if self.lag:
+            self.history.append(self.trained.weights())
+            self.policy.load_weights(self.history[0])
 
 
 async def _batch(
