@@ -73,7 +73,7 @@ def slow_tasks(group_size: int, cost: str) -> list[Task]:
 def bench_settings(
     args: argparse.Namespace, prefix: str, task_file: Path, seed: int, calibration: str = ""
 ) -> Settings:
-    share, arith = args.slow_share, arith_name(args)
+    share, arith = args.slow_share, pm.arith_suite(args.arith_max)
     extra = [f"feeder.calibration={calibration}"] if calibration else []
     base = load(
         [
@@ -91,11 +91,6 @@ def bench_settings(
     from services.demo import run_settings
 
     return run_settings(base)
-
-
-def arith_name(args: argparse.Namespace) -> str:
-    """The suite the `arith` tasks are fed as: the built-in one, or the wider pool."""
-    return "arith" if args.arith_max == MAX_A else pm.WIDE
 
 
 def initial_state(s: Settings, max_a: int = MAX_A) -> dict[str, Any]:
@@ -351,8 +346,9 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     slow = slow_tasks(group_size=8, cost=args.cost)
     arith = pm.arith_tasks("train", args.arith_max)
-    fed = slow if args.arith_max == MAX_A else slow + arith  # the wider pool: from the file
-    task_file = out_dir / "pyslow.jsonl"
+    wide = pm.arith_suite(args.arith_max) != "arith"
+    fed = slow + arith if wide else slow  # the wider pool is fed from the file
+    task_file = out_dir / "tasks.jsonl"
     task_file.write_text("".join(msgspec.json.encode(t).decode() + "\n" for t in fed))
     s = bench_settings(args, f"{prefix}-x", task_file, 0)
     console.print(f"warm-up of the shared initial policy; results in {out_dir}")

@@ -12,6 +12,7 @@ from typing import Any
 from schemas.rollout import Task
 from services import suites
 from services.settings import Settings
+from services.suites.arith import MAX_A, Arith
 
 COSTS = {
     # seconds a verification sleeps first, inside the sandbox: most are quick, a few slow
@@ -26,20 +27,23 @@ def cost_code(kind: str, cap: float = 6.0) -> str:
 
 
 WIDE = "arithw"
-"""The suite name of the wider `arith` pool (`--arith-max` above 100): fed from the
+"""The suite name of the wider `arith` pool (`--arith-max` other than 100): fed from the
 benchmark's task file, so it cannot collide with the built-in `arith`."""
 
 
-def arith_tasks(split: suites.Split, max_a: int = 100) -> list[Task]:
+def arith_suite(max_a: int = MAX_A) -> str:
+    """The suite the `arith` tasks with first number below `max_a` are fed as."""
+    return "arith" if max_a == MAX_A else WIDE
+
+
+def arith_tasks(split: suites.Split, max_a: int = MAX_A) -> list[Task]:
     """`arith` tasks of `split` with first number below `max_a`: the built-in suite at 100,
     above it the wider universe as suite `arithw` (ids `arithw/A+B`, the split of
     `arith/A+B`: the 1000 built-in tasks keep theirs)."""
     import msgspec
 
-    from services.suites.arith import MAX_A, Arith
-
     tasks = Arith(max_a=max_a).tasks(split)
-    if max_a == MAX_A:
+    if arith_suite(max_a) == "arith":
         return tasks
     return [
         msgspec.structs.replace(t, suite=WIDE, task_id=t.task_id.replace("arith/", f"{WIDE}/", 1))
@@ -47,13 +51,11 @@ def arith_tasks(split: suites.Split, max_a: int = 100) -> list[Task]:
     ]
 
 
-def heldout_tasks(n: int, max_a: int = 100) -> list[Task]:
+def heldout_tasks(n: int, max_a: int = MAX_A) -> list[Task]:
     """`n` held-out tasks: the first `n` of the built-in suite, or of a wider universe `n`
     spread evenly over it (so the held-out set has the training pool's distribution)."""
-    from services.suites.arith import MAX_A
-
     held = arith_tasks("heldout", max_a)
-    if max_a == MAX_A or n >= len(held):
+    if arith_suite(max_a) == "arith" or n >= len(held):
         return held[:n]
     return [held[i * len(held) // n] for i in range(n)]
 
@@ -76,7 +78,7 @@ async def greedy_pass(s: Settings, policy: Any, text: Any, tasks: list[Task]) ->
 
 
 async def curve(
-    s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int, max_a: int = 100
+    s: Settings, snapshots: list[tuple[float, dict[str, Any]]], n: int, max_a: int = MAX_A
 ) -> list:
     """[[seconds, held-out greedy pass]] of each (seconds, weights) snapshot."""
     from learner.spec import make_policy
