@@ -11,7 +11,12 @@ resident set during the call (VmHWM, reset before each call via /proc/self/clear
 
 - `hf generate fp32`: `model.generate(do_sample=True)` on the model as loaded (float32);
 - `hf generate bf16`: the same on a bfloat16 copy;
-- `rollstream fp32` / `rollstream bf16`: learner/decode.py with float32 / bfloat16 weights.
+- `rollstream fp32` / `rollstream bf16`: learner/decode.py with float32 / bfloat16 weights;
+- `rollstream int4`: learner/decode.py with the layers' weights in int4 and the LM head in
+  int8 (learner/quant.py; float32 activations), where torch has the CPU kernels.
+
+The header says which of them `learner.sample_dtype = "auto"` picks on this machine, with
+full fine-tuning and with LoRA.
 
 Then the logprob mismatch: mean and max |logp_sampler - logp_fp32| per token, where
 logp_fp32 is the learner's float32 recomputation (`token_logprobs`) of the sampled tokens.
@@ -34,8 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from learner import quant
 from learner.decode import Decoder, generate
-from learner.hf import HFPolicy
+from learner.hf import HFPolicy, int4_sampling, sampling_dtype
 
 PROMPT = [{"role": "user", "content": "Write a Python function add(a, b) that returns a + b."}]
 
@@ -69,12 +75,26 @@ def contenders(policy: HFPolicy, prompt: list[int], batch: int) -> dict[str, Cal
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16).eval()
     dec32, dec16 = Decoder(fp32, torch.float32), Decoder(fp32, torch.bfloat16)
     pad = policy.pad_id
-    return {
+    run = {
         "hf generate fp32": lambda n: hf_generate(fp32, prompt, batch, n, pad),
         "hf generate bf16": lambda n: hf_generate(bf16, prompt, batch, n, pad),
         "rollstream fp32": lambda n: ours(dec32, prompt, batch, n),
         "rollstream bf16": lambda n: ours(dec16, prompt, batch, n),
     }
+    if quant.available() and fp32.device.type == "cpu":
+        dec4 = Decoder(fp32, torch.float32, int4=True)
+        run["rollstream int4"] = lambda n: ours(dec4, prompt, batch, n)
+    return run
+
+
+def auto_choice(policy: HFPolicy) -> str:
+    """What `sample_dtype = "auto"` samples with here: full fine-tuning, then LoRA."""
+    param = next(policy.model.parameters())
+    dense = str(sampling_dtype("auto", param.device, param.dtype)).replace("torch.", "")
+    lora = int4_sampling("auto", param.device, lora=True)
+    if lora == "if exact":
+        lora = "int4" if policy._on_int4_grid(policy.model) else dense
+    return f"auto: {dense} (full fine-tuning), {lora if lora != 'no' else dense} (LoRA)"
 
 
 def timed(fn: Callable[[int], Any], length: int) -> tuple[float, float, Any]:
@@ -115,7 +135,8 @@ def main() -> None:
     params = sum(p.numel() for p in policy.model.parameters()) / 1e6
     print(f"# generation benchmark: {args.model} ({params:.0f}M params), torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
-          f"prompt {len(prompt)} tokens, {args.rounds} interleaved rounds (medians)")  # fmt: skip
+          f"prompt {len(prompt)} tokens, {args.rounds} interleaved rounds (medians); "
+          f"{auto_choice(policy)}")  # fmt: skip
     run = contenders(policy, prompt, args.batch)
     for fn in run.values():
         fn(4)  # warm-up: first-call allocations and kernel selection
@@ -134,7 +155,7 @@ def main() -> None:
     print("\n## behaviour logprobs vs the learner's float32 recomputation (per token)\n")
     print("| sampler | mean abs diff | max abs diff |")
     print("|---|---|---|")
-    for name in ("rollstream fp32", "rollstream bf16"):
+    for name in [k for k in run if k.startswith("rollstream")]:
         mean, top = mismatch(policy, prompt, last[name, lengths[0]])
         print(f"| {name} | {mean:.2e} | {top:.2e} |")
 

@@ -12,7 +12,9 @@ store and publish dtype, in one run (`benchmarks/learner.py --model smollm2` run
   its sampling weights (learner/decode.py) that the next sample would do.
 The `LoRA r16` rows: `learner.lora_rank = 16` on every projection, where a version is the
 adapters only (the base weights are the pretrained ones on every side) and the swap merges
-them into the repacked sampling weights.
+them into the repacked sampling weights, or, where `sample_dtype = "auto"` samples in int4
+(a CPU, the base weights on the 4-bit grid: learner/quant.py), sets them beside the int4
+base, which was packed once before the timed rounds (the header says which).
 The announcement on Kafka (milliseconds, measured by benchmarks/learner.py) is not included.
 Medians of --repeats; the fp32 rows are today's path.
 """
@@ -101,8 +103,10 @@ def run(model: str, repeats: int, threads: int) -> None:
     dst_l = HFPolicy.from_path(path, dtype="float32", sample_dtype="auto", lora=lora)
     pairs = {"full": (src, dst), "LoRA r16": (src_l, dst_l)}
     params = sum(p.numel() for p in src.parameters()) / 1e6
+    full, low = dst.decoder(), dst_l.decoder()  # the first packing, outside the timing
     print(f"\n## weight sync, {model} ({params:.0f}M params): publish -> fetch -> swap "
-          f"(median ms of {repeats})\n")  # fmt: skip
+          f"(median ms of {repeats}); sampling weights {_mode(full)}, with LoRA "
+          f"{_mode(low)}\n")  # fmt: skip
     print("| store | dtype | blob MB | publish | fetch | swap | total |")
     print("|---|---|---|---|---|---|---|")
     ns = f"rollstream:bench{uuid.uuid4().hex[:8]}:weights"
@@ -135,6 +139,12 @@ def run(model: str, repeats: int, threads: int) -> None:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+def _mode(dec: Any) -> str:
+    if dec is None:
+        return "none (model forward)"
+    return "int4 (adapters beside)" if dec.int4 else str(dec.dtype).replace("torch.", "")
 
 
 if __name__ == "__main__":

@@ -7,17 +7,21 @@ arithmetic as `LlamaForCausalLM` with less around it:
 
 - the weights are packed once per weight version (q/k/v and gate/up fused into one matrix
   each, LoRA deltas merged) in the sampling dtype (bf16 halves the bytes a memory-bound
-  decoding step reads; this CPU has avx512_bf16);
+  decoding step reads where the CPU multiplies bf16 natively), or with ``int4`` the
+  layers' matrices in 4 bits and the head in 8 (learner/quant.py; LoRA adapters then
+  stay a low-rank term beside the frozen base, which is packed once);
 - a static KV cache, allocated for prompt + max_new_tokens;
 - a group shares its prompt: the prompt is run once (batch 1) and its cache copied to the
   ``n`` rows; logits only for the last position;
 - finished rows (end-of-sequence, a stop string, see learner/stops.py) are dropped from the
   batch, so the tail of a group costs what its live rows cost;
 - few ops per layer: q and k rotated together, a decoding step's attention as two matmuls
-  over the whole (masked) static cache, tokens drawn by inverse transform sampling
-  (`learner.sampling.draw`; torch.multinomial spent 8 ms a step on the 49k vocabulary).
-  At batch 8 on 2 CPU cores a step is then mostly the read of the bf16 weights (270 MB:
-  the matmuls alone take ~29 ms of a ~37 ms step).
+  over the cache's written positions (views of the static cache), tokens drawn by inverse
+  transform sampling (`learner.sampling.draw`; torch.multinomial spent 8 ms a step on the
+  49k vocabulary). At batch 8 on 2 CPU cores a step is then mostly the weight matmuls:
+  bf16 on an AMD EPYC with avx512_bf16, ~29 ms of a ~37 ms step; on an Intel Xeon without
+  it float32 is faster than bf16, and int4 takes a step from ~85 to ~39 ms (its kernels
+  about 15 ms, the head's 5, attention, norms, rotary and the draw most of the rest).
 
 In-flight weight updates: ``between_steps`` (learner/sampling.py) is called between two
 decoding steps, as in `learner.sampling.sample`; when it loads newer weights (returns their
@@ -42,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from learner import quant
+from learner.quant import Dense, Int4, Int8Rows, Linear, LowRank
 from learner.sampling import BetweenSteps, Completion, draw, nucleus_logprobs
 from learner.stops import StopStrings
 
@@ -69,14 +75,49 @@ def effective_weight(linear: nn.Module) -> Tensor:
     return weight  # type: ignore[no-any-return]
 
 
+def base_weight(linear: nn.Module) -> Tensor:
+    """The weight of a linear layer without its LoRA adapters (peft keeps it in
+    ``base_layer``; merged adapters are in it)."""
+    base: Any = getattr(linear, "base_layer", linear)
+    return base.weight.detach()  # type: ignore[no-any-return]
+
+
+def lora_factors(linears: Sequence[Any]) -> tuple[Tensor, Tensor] | None:
+    """``(down, up)`` of `quant.LowRank` for the fused matrix of ``linears`` (stacked
+    in that order): each active, unmerged adapter's A, and its B times its scaling in its
+    own rows and columns. None without adapters."""
+    downs, blocks, rows = [], [], 0
+    for linear in linears:
+        out = base_weight(linear).shape[0]
+        if not getattr(linear, "merged", False):
+            for name in getattr(linear, "active_adapters", []):
+                if name in getattr(linear, "lora_A", {}):
+                    if getattr(linear, "use_dora", {}).get(name):
+                        raise ValueError("int4 sampling: DoRA adapters are not supported")
+                    a = linear.lora_A[name].weight.detach()
+                    b = linear.lora_B[name].weight.detach() * linear.scaling[name]
+                    downs.append(a)
+                    blocks.append((rows, b))
+        rows += out
+    if not downs:
+        return None
+    down = torch.cat(downs).float()
+    up = torch.zeros(rows, down.shape[0], dtype=torch.float32, device=down.device)
+    col = 0
+    for row, b in blocks:
+        up[row : row + b.shape[0], col : col + b.shape[1]] = b
+        col += b.shape[1]
+    return down, up
+
+
 @dataclass
 class _Layer:
     ln1: Tensor
-    qkv: Tensor
-    o: Tensor
+    qkv: Linear
+    o: Linear
     ln2: Tensor
-    gate_up: Tensor
-    down: Tensor
+    gate_up: Linear
+    down: Linear
 
 
 def weights_version(model: nn.Module) -> int:
@@ -85,9 +126,20 @@ def weights_version(model: nn.Module) -> int:
 
 
 class Decoder:
-    """Packed weights of one `LlamaForCausalLM` (or peft wrapping one) in ``dtype``."""
+    """Packed weights of one `LlamaForCausalLM` (or peft wrapping one) in ``dtype``; with
+    ``int4`` (CPU) the layers' matrices in 4 bits and the LM head in 8 (learner/quant.py),
+    ``dtype`` then being that of the activations. ``packs`` keeps int4 matrices across
+    decoders, keyed by their source weights and versions (frozen LoRA base weights are
+    packed once)."""
 
-    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: Any,
+        dtype: torch.dtype,
+        *,
+        int4: bool = False,
+        packs: dict[Any, Linear] | None = None,
+    ) -> None:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = base.config
         self.dtype = dtype
@@ -96,6 +148,9 @@ class Decoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.eps = float(cfg.rms_norm_eps)
         self.version = weights_version(model)
+        self.int4 = int4
+        self.packs: dict[Any, Linear] = {}
+        self._old = packs if packs is not None else {}
         with torch.no_grad():
             self._pack(base, dtype)
         rotary = base.model.rotary_emb
@@ -110,21 +165,44 @@ class Decoder:
         inner = base.model
         self.embed = cast(inner.embed_tokens.weight)
         head = effective_weight(base.lm_head)
-        self.head = self.embed if head.data_ptr() == inner.embed_tokens.weight.data_ptr() else (
-            cast(head)
-        )  # fmt: skip
+        tied = head.data_ptr() == inner.embed_tokens.weight.data_ptr()
+        if self.int4 and lora_factors((base.lm_head,)) is None:
+            self.head: Linear = self._packed((base.lm_head,), lambda: Int8Rows.of(head))
+        else:
+            self.head = Dense(self.embed if tied else cast(head))
         self.norm = cast(inner.norm.weight)
         self.layers = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
-            qkv = [effective_weight(m) for m in (att.q_proj, att.k_proj, att.v_proj)]
-            gate_up = [effective_weight(m) for m in (mlp.gate_proj, mlp.up_proj)]
             self.layers.append(_Layer(
-                ln1=cast(layer.input_layernorm.weight), qkv=cast(torch.cat(qkv)),
-                o=cast(effective_weight(att.o_proj)),
+                ln1=cast(layer.input_layernorm.weight),
+                qkv=self._linear((att.q_proj, att.k_proj, att.v_proj), cast),
+                o=self._linear((att.o_proj,), cast),
                 ln2=cast(layer.post_attention_layernorm.weight),
-                gate_up=cast(torch.cat(gate_up)), down=cast(effective_weight(mlp.down_proj)),
+                gate_up=self._linear((mlp.gate_proj, mlp.up_proj), cast),
+                down=self._linear((mlp.down_proj,), cast),
             ))  # fmt: skip
+
+    def _linear(self, linears: Sequence[nn.Module], cast: Callable[[Tensor], Tensor]) -> Linear:
+        """The fused matrix of ``linears``: dense with their adapters merged; int4 as
+        base plus adapters (`quant.LowRank`) where the kernel takes its shape."""
+        ws = [base_weight(m) for m in linears]
+        rows, cols = sum(w.shape[0] for w in ws), ws[0].shape[1]
+        if not self.int4 or not quant.int4_fits(torch.empty(rows, cols, device="meta")):
+            return Dense(cast(torch.cat([effective_weight(m) for m in linears])))
+        packed = self._packed(linears, lambda: Int4.of(torch.cat(ws)))
+        factors = lora_factors(linears)
+        if factors is None:
+            return packed
+        assert isinstance(packed, Int4)
+        return LowRank(packed, *(t.to(self.dtype) for t in factors))
+
+    def _packed(self, linears: Sequence[nn.Module], make: Callable[[], Linear]) -> Linear:
+        ws = [base_weight(m) for m in linears]
+        key = tuple((w.data_ptr(), int(getattr(w, "_version", 0)), tuple(w.shape)) for w in ws)
+        found = self._old.get(key)
+        self.packs[key] = found if found is not None else make()
+        return self.packs[key]
 
     def rope(self, length: int) -> tuple[Tensor, Tensor]:
         pos = torch.arange(length, device=self.device, dtype=torch.float32)
@@ -148,34 +226,33 @@ class Decoder:
             raise ValueError("Decoder.forward: several tokens only as the prompt (pos 0)")
         cos = cache.cos[pos : pos + t][None, None]
         sin = cache.sin[pos : pos + t][None, None]
-        mask = cache.mask(pos + t)
         h = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(self._rms(h, layer.ln1), layer.qkv).view(b, t, nq + 2 * nk, hd)
+            qkv = layer.qkv(self._rms(h, layer.ln1)).view(b, t, nq + 2 * nk, hd)
             qk = _rotate(qkv[:, :, : nq + nk].transpose(1, 2), cos, sin)  # q and k at once
             q, k = qk[:, :nq], qk[:, nq:]
             keys, values = cache.write(i, pos, k, qkv[:, :, nq + nk :].transpose(1, 2))
-            att = _attend(q, keys, values, mask)
-            h = h + F.linear(att.transpose(1, 2).reshape(b, t, nq * hd), layer.o)
-            gate, up = F.linear(self._rms(h, layer.ln2), layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
-        return F.linear(self._rms(h[:, -1], self.norm), self.head).float()
+            att = _attend(q, keys, values)
+            h = h + layer.o(att.transpose(1, 2).reshape(b, t, nq * hd))
+            gate, up = layer.gate_up(self._rms(h, layer.ln2)).chunk(2, dim=-1)
+            h = h + layer.down(F.silu(gate) * up)
+        return self.head(self._rms(h[:, -1], self.norm)).float()
 
 
-def _attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+def _attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Causal attention of ``q`` ``[B, Hq, T, D]`` (grouped-query: Hq a multiple of the kv
     heads Hk). A prompt (T > 1, ``keys``/``values`` ``[B, Hk, T, D]``): the fused kernel.
-    One new token per row: over the whole static cache (KVCache's layout: ``keys``
-    ``[B, Hk, D, L]``, ``values`` ``[B, Hk, L, D]``), positions not written yet masked
-    out by ``mask`` (0 / -inf, ``[L]``): two batched matmuls on contiguous tensors (a
-    slice of the cache is copied by every matmul) and a softmax, each kv head's query
-    heads side by side. CPU's fused kernel costs about 0.35 ms per layer at this size."""
+    One new token per row: over every written position (KVCache's layout: ``keys``
+    ``[B, Hk, D, P]``, ``values`` ``[B, Hk, P, D]``, views of the static cache, so no
+    mask): two batched matmuls and a softmax, each kv head's query heads side by side.
+    CPU's fused kernel costs about 0.35 ms per layer at this size; reading the whole static
+    cache instead of its written part cost a sixth of a step at 128 new tokens."""
     b, hq, t, d = q.shape
     if t > 1:
         return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
     hk = keys.shape[1]
     grouped = q.reshape(b, hk, hq // hk, d)  # the query heads that share a kv head
-    scores = torch.matmul(grouped, keys).float() * (d**-0.5) + mask
+    scores = torch.matmul(grouped, keys).float() * (d**-0.5)
     weights = torch.softmax(scores, dim=-1).to(values.dtype)
     return torch.matmul(weights, values).reshape(b, hq, 1, d)
 
@@ -188,8 +265,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class KVCache:
     """Static keys ``[rows, kv_heads, head_dim, length]`` (transposed: what the scores'
-    matmul takes as is) and values ``[rows, kv_heads, length, head_dim]`` per layer, zeros
-    where nothing was written yet (masked out, and 0 x 0 in the values' matmul)."""
+    matmul takes as is) and values ``[rows, kv_heads, length, head_dim]`` per layer;
+    attention reads the written positions only (views, no copy)."""
 
     def __init__(self, dec: Decoder, rows: int, length: int) -> None:
         kt = (rows, dec.kv_heads, dec.head_dim, length)
@@ -197,23 +274,16 @@ class KVCache:
         self.k = [torch.zeros(kt, dtype=dec.dtype, device=dec.device) for _ in dec.layers]
         self.v = [torch.zeros(vs, dtype=dec.dtype, device=dec.device) for _ in dec.layers]
         self.cos, self.sin = dec.rope(length)
-        self.positions = torch.arange(length, device=dec.device)
-
-    def mask(self, end: int) -> Tensor:
-        """0 for the positions before ``end``, -inf after (float32 ``[length]``)."""
-        return torch.zeros(self.positions.shape, device=self.positions.device).masked_fill_(
-            self.positions >= end, float("-inf")
-        )
 
     def write(self, layer: int, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store ``k``, ``v`` ``[B, kv_heads, T, head_dim]`` at ``pos``; what `_attend`
-        attends over: the prompt itself (pos 0), else the whole cache of the layer."""
+        attends over: the prompt itself (pos 0), else the layer's positions up to ``pos``."""
         end = pos + k.shape[2]
         self.k[layer][:, :, :, pos:end] = k.transpose(-1, -2)  # a batch-1 prompt broadcasts
         self.v[layer][:, :, pos:end] = v
-        if pos == 0:
-            return k, v  # the prompt attends to itself (one row for the whole group)
-        return self.k[layer], self.v[layer]
+        if pos == 0:  # the prompt attends to itself (one row for the whole group)
+            return k, v.to(self.v[layer].dtype)  # an int4 matmul's output is bf16
+        return self.k[layer][..., :end], self.v[layer][:, :, :end]
 
     def keep(self, rows: Tensor) -> None:
         """Drop every row but ``rows`` (finished sequences leave the batch)."""

@@ -38,20 +38,65 @@ class LoraSpec:
     targets: tuple[str, ...]
 
 
+def native_bf16_cpu(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX). oneDNN's own check
+    (`_is_mkldnn_bf16_supported`) also says yes for plain AVX-512, where bf16 matmuls are
+    emulated: slower than float32 there (an Intel Xeon without avx512_bf16: 72 against 88
+    tokens/s in benchmarks/generation.py). ``cpuinfo``: /proc/cpuinfo's text (tests)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    if cpuinfo:
+        flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
-    """None: the model's dtype. `auto`: bfloat16 where its matmuls are native (CUDA with
-    bf16, a CPU with avx512_bf16/AMX through oneDNN), else the model's dtype."""
-    if name is None:
+    """Dense sampling weights' dtype. None: the model's dtype. `auto`: bfloat16 where its
+    matmuls are native (CUDA with bf16, a CPU with avx512_bf16/AMX), else the model's
+    dtype. `int4`: the activations' dtype, the model's."""
+    if name is None or name == "int4":
         return model_dtype
     if name != "auto":
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else model_dtype
-    try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        native = False
-    return torch.bfloat16 if native and device.type == "cpu" else model_dtype
+    return torch.bfloat16 if device.type == "cpu" and native_bf16_cpu() else model_dtype
+
+
+def int4_sampling(name: str | None, device: torch.device, lora: bool) -> str:
+    """Whether the decoder packs weights in int4 (learner/quant.py): `yes` for
+    `sample_dtype = "int4"` (CPU only), `if exact` for `auto` on a CPU with LoRA on (the
+    base weights are frozen, so an exact grid stays exact; each LoRA update still reaches
+    the sampler in full), else `no`. Full fine-tuning never gets it from `auto`: a step's
+    change is far below a 4-bit grid's spacing and would be rounded away."""
+    from learner import quant
+
+    if name == "int4":
+        if device.type != "cpu":
+            raise ValueError("learner.sample_dtype = int4 is for CPU sampling; use bfloat16")
+        if not quant.available():
+            raise ValueError(f"learner.sample_dtype = int4 needs torch's int4 CPU kernels "
+                             f"(torch {torch.__version__} lacks them)")  # fmt: skip
+        return "yes"
+    if name == "auto" and device.type == "cpu" and lora and quant.available():
+        return "if exact"
+    return "no"
+
+
+def _attention(layer: Any) -> tuple[Any, ...]:
+    att = layer.self_attn
+    return att.q_proj, att.k_proj, att.v_proj, att.o_proj
+
+
+def _mlp(layer: Any) -> tuple[Any, ...]:
+    return layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj
 
 
 def with_lora(model: Any, lora: LoraSpec) -> Any:
@@ -91,6 +136,7 @@ class HFPolicy(nn.Module):
         pad = getattr(cfg, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else self.eos_id
         self._decoder: Any = None
+        self._int4_exact: bool | None = None
 
     @classmethod
     def from_path(
@@ -192,15 +238,41 @@ class HFPolicy(nn.Module):
         None for architectures it does not cover."""
         from learner import decode
 
-        if not decode.supports(self.model.get_base_model() if self.lora else self.model):
+        base = self.model.get_base_model() if self.lora else self.model
+        if not decode.supports(base):
             return None
         param = next(self.model.parameters())
         dtype = sampling_dtype(self.sample_dtype, param.device, param.dtype)
+        int4 = int4_sampling(self.sample_dtype, param.device, self.lora is not None)
+        if int4 == "if exact":
+            int4 = "yes" if self._on_int4_grid(base) else "no"
+            dtype = dtype if int4 == "yes" else sampling_dtype("auto", param.device, param.dtype)
         dec = self._decoder
         stale = dec is None or dec.dtype != dtype or dec.device != param.device
-        if stale or dec.version != decode.weights_version(self.model):
-            self._decoder = dec = decode.Decoder(self.model, dtype)
+        if (
+            stale
+            or dec.int4 != (int4 == "yes")
+            or dec.version != decode.weights_version(self.model)
+        ):
+            packs = dec.packs if dec is not None else None
+            self._decoder = dec = decode.Decoder(self.model, dtype, int4=int4 == "yes", packs=packs)
         return dec
+
+    def _on_int4_grid(self, base: Any) -> bool:
+        """Whether every layer matrix of the (frozen) base model is on an int4 grid
+        (`quant.off_grid`), checked once."""
+        if self._int4_exact is None:
+            from learner import quant
+            from learner.decode import base_weight
+
+            with torch.no_grad():
+                self._int4_exact = all(
+                    quant.off_grid(base_weight(m)) < quant.ON_GRID
+                    for layer in base.model.layers
+                    for m in (*_attention(layer), *_mlp(layer))
+                    if quant.int4_fits(base_weight(m))
+                )
+        return self._int4_exact
 
     def stop_strings(self, stop: Sequence[str]) -> StopStrings | None:
         if not stop:

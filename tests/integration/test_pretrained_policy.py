@@ -87,3 +87,34 @@ def test_completion_text_keeps_code_byte_for_byte(smollm2_dir: Path) -> None:
     codec = HFCodec(AutoTokenizer.from_pretrained(smollm2_dir))
     code = "def f(words, n) :\n    return ' '.join(words) , n . real  # it 's , here ?\n"
     assert codec.text(codec.ids(code)) == code
+
+
+def test_smollm2_samples_in_int4_with_lora_and_swaps_adapters(smollm2_dir: Path) -> None:
+    """SmolLM2's layers come from a Q4_1 GGUF, so they are on the int4 grid and `auto`
+    samples in int4 with LoRA on; a published adapter update reaches the sampler (adapters
+    beside the base, not rounded into it) and its logprobs stay near the learner's."""
+    from learner import quant
+    from learner.hf import LoraSpec
+
+    if not quant.available():
+        pytest.skip("torch lacks the int4 CPU kernels")
+    torch.set_num_threads(2)
+    lora = LoraSpec(8, 16.0, ("q_proj", "v_proj", "down_proj"))
+    generator = HFPolicy.from_path(smollm2_dir, dtype="float32", sample_dtype="auto", lora=lora)
+    before = generator.decoder()
+    assert before is not None and before.int4
+    learner = HFPolicy.from_path(smollm2_dir, dtype="float32", lora=lora)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    generator.load_weights(learner.weights())
+    after = generator.decoder()
+    assert after is not before and after.layers[3].qkv.base is before.layers[3].qkv.base
+    prompt = prompt_ids(generator)
+    out = generator.sample(prompt, 2, max_new_tokens=12, generator=g)
+    base = HFPolicy.from_path(smollm2_dir, dtype="float32")
+    for c in out:
+        assert max_gap(learner, prompt, c) < 0.5  # bf16 activations, 8-bit head
+        assert max_gap(base, prompt, c) > max_gap(learner, prompt, c)
