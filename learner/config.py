@@ -69,10 +69,11 @@ class LearnerSettings(Section):
     amp: bool = True
     """bf16 autocast on CUDA devices that support it (the loss stays float32)."""
     cpu_amp: bool = False
-    """bf16 autocast on a CPU that computes in bf16 natively (avx512_bf16 or AMX; ignored
-    elsewhere): a forward+backward of SmolLM2 on 8 x 250 tokens takes 10 s instead of 27 s
-    on one core here, at bf16 precision of the learner's logprobs. Off by default: the tiny
-    policy's small matmuls gain nothing from it."""
+    """bf16 autocast on a CPU that computes in bf16 natively (avx512_bf16 or AMX, read from
+    the CPU's flags; ignored elsewhere, where emulated bf16 is slower than float32): a
+    forward+backward of SmolLM2 on 8 x 250 tokens takes 10 s instead of 27 s on one core
+    of an AMD EPYC with avx512_bf16, at bf16 precision of the learner's logprobs. Off by
+    default: the tiny policy's small matmuls gain nothing from it."""
     torch_threads: int = Field(default=0, ge=0)
     """CPU threads torch may use for training; 0: torch's own default (OMP_NUM_THREADS when
     set, else one per core). The demo gives the learner 2 on its 2-core machine: the

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from learner.cpu import native_bf16_cpu
 from learner.policy import export_state, logprobs_from_logits
 from learner.sampling import BetweenSteps, Completion, sample
 from learner.stops import StopStrings
@@ -36,25 +37,6 @@ class LoraSpec:
     rank: int
     alpha: float
     targets: tuple[str, ...]
-
-
-def native_bf16_cpu(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX). oneDNN's own check
-    (`_is_mkldnn_bf16_supported`) also says yes for plain AVX-512, where bf16 matmuls are
-    emulated: slower than float32 there (an Intel Xeon without avx512_bf16: 72 against 88
-    tokens/s in benchmarks/generation.py). ``cpuinfo``: /proc/cpuinfo's text (tests)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    if cpuinfo:
-        flags = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:

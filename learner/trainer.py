@@ -20,6 +20,7 @@ from torch import Tensor
 
 from learner.batching import micro_batches, prefix_micro_batches, split_even
 from learner.config import LearnerSettings, configure
+from learner.cpu import native_bf16_cpu
 from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
 from learner.policy import Policy
 from learner.sample import Sample, collate
@@ -70,17 +71,9 @@ def autocast_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> to
     """bf16 where the device computes in it natively and the settings ask for it."""
     if amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
-    if cpu_amp and device.type == "cpu" and cpu_has_bf16():
+    if cpu_amp and device.type == "cpu" and native_bf16_cpu():
         return torch.bfloat16
     return None
-
-
-def cpu_has_bf16() -> bool:
-    """Whether oneDNN runs bf16 matmuls natively on this CPU (avx512_bf16, AMX)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 class Trainer:

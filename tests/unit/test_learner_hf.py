@@ -91,11 +91,12 @@ def test_trains_and_round_trips_through_the_weight_store(model_dir: Path, tmp_pa
 
 
 def test_cpu_amp_trains_in_bf16_with_float32_weights(model_dir: Path) -> None:
-    from learner.trainer import autocast_dtype, cpu_has_bf16
+    from learner.cpu import native_bf16_cpu
+    from learner.trainer import autocast_dtype
 
     cpu = torch.device("cpu")
     assert autocast_dtype(cpu, amp=True, cpu_amp=False) is None
-    if not cpu_has_bf16():
+    if not native_bf16_cpu():
         assert autocast_dtype(cpu, amp=True, cpu_amp=True) is None
         pytest.skip("this CPU has no native bf16")
     assert autocast_dtype(cpu, amp=True, cpu_amp=True) is torch.bfloat16

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 from learner import quant
-from learner.hf import HFPolicy, LoraSpec, native_bf16_cpu, sampling_dtype
+from learner.cpu import native_bf16_cpu
+from learner.hf import HFPolicy, LoraSpec, sampling_dtype
 from tests.unit.test_learner_decode import PROMPT, recomputed, tiny_llama
 
 pytestmark = pytest.mark.skipif(not quant.available(), reason="torch lacks the int4 CPU kernels")
