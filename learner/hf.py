@@ -241,18 +241,21 @@ class HFPolicy(nn.Module):
         return dec
 
     def _on_int4_grid(self, base: Any) -> bool:
-        """Whether every layer matrix of the (frozen) base model is on an int4 grid
-        (`quant.off_grid`), checked once."""
+        """Whether every layer matrix of the (frozen) base model that the int4 kernel
+        takes is on an int4 grid (`quant.off_grid`) and there is one, checked once."""
         if self._int4_exact is None:
             from learner import quant
             from learner.decode import base_weight
 
             with torch.no_grad():
-                self._int4_exact = all(
-                    quant.off_grid(base_weight(m)) < quant.ON_GRID
+                fits = [
+                    base_weight(m)
                     for layer in base.model.layers
                     for m in (*_attention(layer), *_mlp(layer))
                     if quant.int4_fits(base_weight(m))
+                ]  # none: int4 would only round the head
+                self._int4_exact = bool(fits) and all(
+                    quant.off_grid(w) < quant.ON_GRID for w in fits
                 )
         return self._int4_exact
 

@@ -197,8 +197,9 @@ PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
     # SmolLM2-135M on the `code` suite, sized for 2 CPU cores: a group of 8 completions of
     # up to 160 new tokens takes tens of seconds, a learner step on 4 groups (32 samples of
     # ~180 tokens) about a minute in float32 (bf16 autocast, learner.cpu_amp, cuts that
-    # 2.7x on a CPU with native bf16; elsewhere it is ignored), so batches are small, a batch is trained on when full or
-    # after 4 minutes, and max_lag allows the few versions a sample can age by in flight.
+    # 2.7x on a CPU with native bf16; elsewhere it is ignored), so batches are small, a
+    # batch is trained on when full or after 4 minutes, and max_lag allows the few
+    # versions a sample can age by in flight.
     # Temperature 0.7: at 1.0 a third of the 135M model's training samples did not compile
     # (136 of 392 in demo-20261206-032905, train split), incoherent text whose gradient
     # mostly pushes down tokens greedy decoding never picks. The learner takes both cores
