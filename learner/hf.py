@@ -252,7 +252,7 @@ class HFPolicy(nn.Module):
                     base_weight(m)
                     for layer in base.model.layers
                     for m in (*_attention(layer), *_mlp(layer))
-                    if quant.int4_fits(base_weight(m))
+                    if quant.int4_fits(*base_weight(m).shape)
                 ]  # none: int4 would only round the head
                 self._int4_exact = bool(fits) and all(
                     quant.off_grid(w) < quant.ON_GRID for w in fits
