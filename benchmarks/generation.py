@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from learner import quant
 from learner.decode import Decoder, generate
-from learner.hf import HFPolicy, int4_sampling, sampling_dtype
+from learner.hf import HFPolicy
 
 PROMPT = [{"role": "user", "content": "Write a Python function add(a, b) that returns a + b."}]
 
@@ -89,12 +89,12 @@ def contenders(policy: HFPolicy, prompt: list[int], batch: int) -> dict[str, Cal
 
 def auto_choice(policy: HFPolicy) -> str:
     """What `sample_dtype = "auto"` samples with here: full fine-tuning, then LoRA."""
-    param = next(policy.model.parameters())
-    dense = str(sampling_dtype("auto", param.device, param.dtype)).replace("torch.", "")
-    lora = int4_sampling("auto", param.device, lora=True)
-    if lora == "if exact":
-        lora = "int4" if policy._on_int4_grid(policy.model) else dense
-    return f"auto: {dense} (full fine-tuning), {lora if lora != 'no' else dense} (LoRA)"
+
+    def name(mode: tuple[torch.dtype, bool]) -> str:
+        return "int4" if mode[1] else str(mode[0]).replace("torch.", "")
+
+    full, lora = policy.sampling_mode("auto", False), policy.sampling_mode("auto", True)
+    return f"auto: {name(full)} (full fine-tuning), {name(lora)} (LoRA)"
 
 
 def timed(fn: Callable[[int], Any], length: int) -> tuple[float, float, Any]:

@@ -224,21 +224,25 @@ class HFPolicy(nn.Module):
         if not decode.supports(base):
             return None
         param = next(self.model.parameters())
-        dtype = sampling_dtype(self.sample_dtype, param.device, param.dtype)
-        int4 = int4_sampling(self.sample_dtype, param.device, self.lora is not None)
-        if int4 == "if exact":
-            int4 = "yes" if self._on_int4_grid(base) else "no"
-            dtype = dtype if int4 == "yes" else sampling_dtype("auto", param.device, param.dtype)
+        dtype, int4 = self.sampling_mode(self.sample_dtype, self.lora is not None)
         dec = self._decoder
         stale = dec is None or dec.dtype != dtype or dec.device != param.device
-        if (
-            stale
-            or dec.int4 != (int4 == "yes")
-            or dec.version != decode.weights_version(self.model)
-        ):
+        if stale or dec.int4 != int4 or dec.version != decode.weights_version(self.model):
             packs = dec.packs if dec is not None else None
-            self._decoder = dec = decode.Decoder(self.model, dtype, int4=int4 == "yes", packs=packs)
+            self._decoder = dec = decode.Decoder(self.model, dtype, int4=int4, packs=packs)
         return dec
+
+    def sampling_mode(self, name: str | None, lora: bool) -> tuple[torch.dtype, bool]:
+        """What the decoder packs with for `sample_dtype` ``name``, with or without LoRA:
+        the dtype (of the weights, or with int4 of the activations) and whether int4."""
+        param = next(self.model.parameters())
+        dtype = sampling_dtype(name, param.device, param.dtype)
+        int4 = int4_sampling(name, param.device, lora)
+        if int4 != "if exact":
+            return dtype, int4 == "yes"
+        if self._on_int4_grid(self.model.get_base_model() if self.lora else self.model):
+            return dtype, True
+        return sampling_dtype("auto", param.device, param.dtype), False
 
     def _on_int4_grid(self, base: Any) -> bool:
         """Whether every layer matrix of the (frozen) base model that the int4 kernel
