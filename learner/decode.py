@@ -15,6 +15,8 @@ arithmetic as `LlamaForCausalLM` with less around it:
   ``n`` rows; logits only for the last position;
 - finished rows (end-of-sequence, a stop string, see learner/stops.py) are dropped from the
   batch, so the tail of a group costs what its live rows cost;
+- `generate_many` decodes different prompts together (evaluation), left-padded, each row
+  with its own rotary positions and its pad columns hidden (learner/attention.py);
 - few ops per layer: q and k rotated together, a decoding step's attention as two matmuls
   over the cache's written positions (views of the static cache), tokens drawn by inverse
   transform sampling (`learner.sampling.draw`; torch.multinomial spent 8 ms a step on the
@@ -47,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from learner import quant
+from learner.attention import KVCache, rotate
 from learner.quant import Dense, Int4, Int8Rows, Linear, LowRank
 from learner.sampling import BetweenSteps, Completion, draw, nucleus_logprobs
 from learner.stops import StopStrings
@@ -205,6 +208,10 @@ class Decoder:
         self.packs[key] = found if found is not None else make()
         return self.packs[key]
 
+    @property
+    def depth(self) -> int:
+        return len(self.layers)
+
     def rope(self, length: int) -> tuple[Tensor, Tensor]:
         pos = torch.arange(length, device=self.device, dtype=torch.float32)
         freqs = torch.outer(pos, self.inv_freq.to(self.device))
@@ -225,71 +232,18 @@ class Decoder:
         hd, nq, nk = self.head_dim, self.heads, self.kv_heads
         if t > 1 and pos:
             raise ValueError("Decoder.forward: several tokens only as the prompt (pos 0)")
-        cos = cache.cos[pos : pos + t][None, None]
-        sin = cache.sin[pos : pos + t][None, None]
+        cos, sin = cache.rotary(pos, t)
         h = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._rms(h, layer.ln1)).view(b, t, nq + 2 * nk, hd)
-            qk = _rotate(qkv[:, :, : nq + nk].transpose(1, 2), cos, sin)  # q and k at once
+            qk = rotate(qkv[:, :, : nq + nk].transpose(1, 2), cos, sin)  # q and k at once
             q, k = qk[:, :nq], qk[:, nq:]
             keys, values = cache.write(i, pos, k, qkv[:, :, nq + nk :].transpose(1, 2))
-            att = _attend(q, keys, values)
+            att = cache.attend(q, keys, values)
             h = h + layer.o(att.transpose(1, 2).reshape(b, t, nq * hd))
             gate, up = layer.gate_up(self._rms(h, layer.ln2)).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up)
         return self.head(self._rms(h[:, -1], self.norm)).float()
-
-
-def _attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-    """Causal attention of ``q`` ``[B, Hq, T, D]`` (grouped-query: Hq a multiple of the kv
-    heads Hk). A prompt (T > 1, ``keys``/``values`` ``[B, Hk, T, D]``): the fused kernel.
-    One new token per row: over every written position (KVCache's layout: ``keys``
-    ``[B, Hk, D, P]``, ``values`` ``[B, Hk, P, D]``, views of the static cache, so no
-    mask): two batched matmuls and a softmax, each kv head's query heads side by side.
-    CPU's fused kernel costs about 0.35 ms per layer at this size; attending over the whole
-    static cache with a mask made a step about 2.5% slower at 128 new tokens."""
-    b, hq, t, d = q.shape
-    if t > 1:
-        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-    hk = keys.shape[1]
-    grouped = q.reshape(b, hk, hq // hk, d)  # the query heads that share a kv head
-    scores = torch.matmul(grouped, keys).float() * (d**-0.5)
-    weights = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(weights, values).reshape(b, hq, 1, d)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding, as transformers' `x * cos + rotate_half(x) * sin`, with the sign of
-    rotate_half's negated half folded into ``sin`` (Decoder.rope): one roll, no cat."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
-
-
-class KVCache:
-    """Static keys ``[rows, kv_heads, head_dim, length]`` (transposed: what the scores'
-    matmul takes as is) and values ``[rows, kv_heads, length, head_dim]`` per layer;
-    attention reads the written positions only (views, no copy)."""
-
-    def __init__(self, dec: Decoder, rows: int, length: int) -> None:
-        kt = (rows, dec.kv_heads, dec.head_dim, length)
-        vs = (rows, dec.kv_heads, length, dec.head_dim)
-        self.k = [torch.zeros(kt, dtype=dec.dtype, device=dec.device) for _ in dec.layers]
-        self.v = [torch.zeros(vs, dtype=dec.dtype, device=dec.device) for _ in dec.layers]
-        self.cos, self.sin = dec.rope(length)
-
-    def write(self, layer: int, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store ``k``, ``v`` ``[B, kv_heads, T, head_dim]`` at ``pos``; what `_attend`
-        attends over: the prompt itself (pos 0), else the layer's positions up to ``pos``."""
-        end = pos + k.shape[2]
-        self.k[layer][:, :, :, pos:end] = k.transpose(-1, -2)  # a batch-1 prompt broadcasts
-        self.v[layer][:, :, pos:end] = v
-        if pos == 0:  # the prompt attends to itself (one row for the whole group)
-            return k, v.to(self.v[layer].dtype)  # an int4 matmul's output is bf16
-        return self.k[layer][..., :end], self.v[layer][:, :, :end]
-
-    def keep(self, rows: Tensor) -> None:
-        """Drop every row but ``rows`` (finished sequences leave the batch)."""
-        self.k = [c.index_select(0, rows) for c in self.k]
-        self.v = [c.index_select(0, rows) for c in self.v]
 
 
 @dataclass
@@ -298,6 +252,18 @@ class _Rows:
     logprobs: list[list[float]]
     reasons: list[str]
     versions: list[list[int]]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How tokens are drawn: until end-of-sequence or ``max_new_tokens``; temperature 0 is
+    greedy (behaviour logprobs then 0)."""
+
+    max_new_tokens: int
+    eos_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
 
 
 @torch.no_grad()
@@ -320,34 +286,93 @@ def generate(
     versions (starting at `version`; `between_steps` may move it, see the module doc)."""
     if not prompt_ids:
         raise ValueError("generate: empty prompt")
-    out = _Rows([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n,
-                [[] for _ in range(n)])  # fmt: skip
+    how = Draw(max_new_tokens, eos_id, temperature, top_p, generator)
     if max_new_tokens <= 0 or n <= 0:
-        return _completions(out)
+        return [Completion([], [], "length", []) for _ in range(n)]
     cache = KVCache(dec, n, len(prompt_ids) + max_new_tokens)
     prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=dec.device)
     logits = dec.forward(prompt, 0, cache).expand(n, -1)
-    live = list(range(n))
-    pos = len(prompt_ids)
-    for step in range(max_new_tokens):
-        nxt, lp = _draw(logits, temperature, top_p, generator)
-        finished = _record(out, live, nxt.tolist(), lp.tolist(), eos_id, stops, version)
-        if finished:
-            keep = [j for j in range(len(live)) if live[j] not in finished]
-            live = [live[j] for j in keep]
-            if not live:
+    live = _Live(dec, cache, [stops] * n, version, between_steps, repack)
+    return live.run(logits, len(prompt_ids), how)
+
+
+@torch.no_grad()
+def generate_many(
+    dec: Decoder,
+    prompts: Sequence[Sequence[int]],
+    how: Draw,
+    stops: Sequence[StopStrings | None] | None = None,
+) -> list[Completion]:
+    """One completion of each prompt (a prompt given twice is sampled twice), the prompts
+    left-padded into one batch (`learner.attention.Padding`: each row decodes as it would
+    alone), each row ending at end-of-sequence or at its own ``stops``."""
+    if any(not p for p in prompts):
+        raise ValueError("generate_many: empty prompt")
+    if how.max_new_tokens <= 0 or not prompts:
+        return [Completion([], [], "length", []) for _ in prompts]
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    ids = [[0] * pad + list(p) for pad, p in zip(pads, prompts, strict=True)]
+    cache = KVCache(dec, len(prompts), width + how.max_new_tokens, pads=pads)
+    logits = dec.forward(torch.tensor(ids, dtype=torch.long, device=dec.device), 0, cache)
+    live = _Live(dec, cache, list(stops) if stops is not None else [None] * len(prompts))
+    return live.run(logits, width, how)
+
+
+class _Live:
+    """The decoding loop over a batch's live rows: draw, record, drop finished rows, step."""
+
+    def __init__(
+        self,
+        dec: Decoder,
+        cache: KVCache,
+        stops: list[StopStrings | None],
+        version: int = -1,
+        between_steps: BetweenSteps | None = None,
+        repack: Callable[[], Decoder] | None = None,
+    ) -> None:
+        n = len(stops)
+        self.dec, self.cache, self.stops, self.version = dec, cache, stops, version
+        self.between_steps, self.repack = between_steps, repack
+        self.out = _Rows([[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n,
+                         [[] for _ in range(n)])  # fmt: skip
+        self.rows = list(range(n))
+
+    def run(self, logits: Tensor, pos: int, how: Draw) -> list[Completion]:
+        for step in range(how.max_new_tokens):
+            nxt, lp = _draw(logits, how.temperature, how.top_p, how.generator)
+            nxt = self._record(nxt, lp, how.eos_id)
+            if not self.rows or step + 1 >= how.max_new_tokens:
                 break
-            index = torch.tensor(keep, device=dec.device)
-            cache.keep(index)
-            nxt = nxt.index_select(0, index)
-        if step + 1 < max_new_tokens:
-            newer = between_steps() if between_steps is not None else None
+            newer = self.between_steps() if self.between_steps is not None else None
             if newer is not None:
-                version = newer
-                dec = repack() if repack is not None else dec
-            logits = dec.forward(nxt[:, None], pos, cache)
+                self.version = newer
+                self.dec = self.repack() if self.repack is not None else self.dec
+            logits = self.dec.forward(nxt[:, None], pos, self.cache)
             pos += 1
-    return _completions(out)
+        return _completions(self.out)
+
+    def _record(self, nxt: Tensor, lp: Tensor, eos_id: int) -> Tensor:
+        """Append each live row's token; drop the rows that finished with it (from the
+        cache too); the tokens of the rows left."""
+        out, finished = self.out, set()
+        for row, tok, p in zip(self.rows, nxt.tolist(), lp.tolist(), strict=True):
+            out.tokens[row].append(tok)
+            out.logprobs[row].append(p)
+            out.versions[row].append(self.version)
+            stops = self.stops[row]
+            if tok == eos_id or (stops is not None and stops.hit(out.tokens[row])):
+                out.reasons[row] = "stop"
+                finished.add(row)
+        if not finished:
+            return nxt
+        keep = [j for j, row in enumerate(self.rows) if row not in finished]
+        self.rows = [self.rows[j] for j in keep]
+        if not self.rows:
+            return nxt[:0]
+        index = torch.tensor(keep, device=nxt.device)
+        self.cache.keep(index)
+        return nxt.index_select(0, index)
 
 
 def _draw(
@@ -358,27 +383,6 @@ def _draw(
     dist = nucleus_logprobs(logits, temperature, top_p)
     nxt = draw(dist, generator)
     return nxt, dist.gather(-1, nxt[:, None]).squeeze(-1)
-
-
-def _record(
-    out: _Rows,
-    live: list[int],
-    tokens: list[int],
-    logprobs: list[float],
-    eos_id: int,
-    stops: StopStrings | None,
-    version: int,
-) -> set[int]:
-    """Append each live row's token; the rows that finished with it."""
-    finished = set()
-    for row, tok, lp in zip(live, tokens, logprobs, strict=True):
-        out.tokens[row].append(tok)
-        out.logprobs[row].append(lp)
-        out.versions[row].append(version)
-        if tok == eos_id or (stops is not None and stops.hit(out.tokens[row])):
-            out.reasons[row] = "stop"
-            finished.add(row)
-    return finished
 
 
 def _completions(out: _Rows) -> list[Completion]:

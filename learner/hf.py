@@ -215,16 +215,22 @@ class HFPolicy(nn.Module):
         )
         return out.logits[:, -1], out.past_key_values
 
-    def decoder(self) -> Any:
+    def decoder(self, exact: bool = False) -> Any:
         """The fast decoder over the current weights (repacked after any weight change), or
-        None for architectures it does not cover."""
+        None for architectures it does not cover. In the sampling dtype, or with ``exact``
+        in the model's own (evaluation: int4 or bf16 flip greedy choices where two tokens
+        nearly tie; benchmarks/evaluation.py counts them)."""
         from learner import decode
 
         base = self.model.get_base_model() if self.lora else self.model
         if not decode.supports(base):
             return None
         param = next(self.model.parameters())
-        dtype, int4 = self.sampling_mode(self.sample_dtype, self.lora is not None)
+        dtype, int4 = (
+            (param.dtype, False)
+            if exact
+            else self.sampling_mode(self.sample_dtype, self.lora is not None)
+        )
         dec = self._decoder
         stale = dec is None or dec.dtype != dtype or dec.device != param.device
         if stale or dec.int4 != int4 or dec.version != decode.weights_version(self.model):

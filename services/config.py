@@ -203,8 +203,9 @@ PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
     # Temperature 0.7: at 1.0 a third of the 135M model's training samples did not compile
     # (136 of 392 in demo-20261206-032905, train split), incoherent text whose gradient
     # mostly pushes down tokens greedy decoding never picks. The learner takes both cores
-    # while the generators wait at the pacing window; bf16 blobs halve publishing (the
-    # generators and the evaluation sample in bf16 anyway). Calibrated tasks: of the 449
+    # while the generators wait at the pacing window; bf16 blobs halve publishing (where
+    # the generators sample in bf16 they round to it anyway; evaluation decodes in float32).
+    # Calibrated tasks: of the 449
     # training tasks, the ones SmolLM2 solved in under 5% of its samples are left out (the
     # 232 added in stop 27 passed 0.7% of 880 samples: groups with nothing to prefer).
     "feeder.suites": '{"code": 1.0}',
