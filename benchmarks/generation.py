@@ -1,7 +1,7 @@
 """Sampling speed of rollstream's sampler next to Hugging Face `generate`, on SmolLM2.
 
     .venv/bin/python benchmarks/generation.py [--model smollm2] [--batch 8] \
-        [--lengths 64,128] [--rounds 3] [--threads 2]
+        [--lengths 64,128] [--rounds 3] [--threads 2] [--no-compile]
 
 Every contender draws a batch of ``--batch`` completions of one chat prompt (a group), of
 exactly L new tokens (no early stop, so each does the same work), temperature 1, in
@@ -13,7 +13,10 @@ resident set during the call (VmHWM, reset before each call via /proc/self/clear
 - `hf generate bf16`: the same on a bfloat16 copy;
 - `rollstream fp32` / `rollstream bf16`: learner/decode.py with float32 / bfloat16 weights;
 - `rollstream int4`: learner/decode.py with the layers' weights in int4 and the LM head in
-  int8 (learner/quant.py; float32 activations), where torch has the CPU kernels.
+  int8 (learner/quant.py; float32 activations), where torch has the CPU kernels;
+- `rollstream int4 compiled`: the same with its per-token step through torch.compile
+  (`learner.sample_compile`; the warm-up compiles it and says how long that took; off with
+  ``--no-compile``).
 
 The header says which of them `learner.sample_dtype = "auto"` picks on this machine, with
 full fine-tuning and with LoRA.
@@ -70,7 +73,9 @@ def ours(dec: Decoder, prompt: list[int], batch: int, length: int) -> list[Any]:
     return generate(dec, prompt, batch, max_new_tokens=length, eos_id=-1)
 
 
-def contenders(policy: HFPolicy, prompt: list[int], batch: int) -> dict[str, Callable[[int], Any]]:
+def contenders(
+    policy: HFPolicy, prompt: list[int], batch: int, compiled: bool
+) -> dict[str, Callable[[int], Any]]:
     fp32 = policy.model.eval()
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16).eval()
     dec32, dec16 = Decoder(fp32, torch.float32), Decoder(fp32, torch.bfloat16)
@@ -84,6 +89,9 @@ def contenders(policy: HFPolicy, prompt: list[int], batch: int) -> dict[str, Cal
     if quant.available() and fp32.device.type == "cpu":
         dec4 = Decoder(fp32, torch.float32, int4=True)
         run["rollstream int4"] = lambda n: ours(dec4, prompt, batch, n)
+        if compiled:
+            dec4c = Decoder(fp32, torch.float32, int4=True, packs=dec4.packs, compiled=True)
+            run["rollstream int4 compiled"] = lambda n: ours(dec4c, prompt, batch, n)
     return run
 
 
@@ -122,6 +130,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="64,128")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from services.infra.models import resolve
@@ -137,9 +146,12 @@ def main() -> None:
           f"{torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
           f"prompt {len(prompt)} tokens, {args.rounds} interleaved rounds (medians); "
           f"{auto_choice(policy)}")  # fmt: skip
-    run = contenders(policy, prompt, args.batch)
-    for fn in run.values():
-        fn(4)  # warm-up: first-call allocations and kernel selection
+    run = contenders(policy, prompt, args.batch, args.compile)
+    for name, fn in run.items():
+        t0 = time.perf_counter()
+        fn(4)  # warm-up: first-call allocations, kernel selection, the compile
+        if name.endswith("compiled"):
+            print(f"# {name}: warm-up with the compile {time.perf_counter() - t0:.0f} s")
     lengths = [int(x) for x in args.lengths.split(",")]
     secs: dict[tuple[str, int], list[float]] = {(k, n): [] for k in run for n in lengths}
     rss: dict[tuple[str, int], list[float]] = {(k, n): [] for k in run for n in lengths}

@@ -45,6 +45,13 @@ class LearnerSettings(Section):
     fine-tuning each version is requantized and changes below the grid's spacing are lost.
     Behaviour logprobs are those of the weights that sampled; the learner's importance
     correction absorbs their difference from its own dtype."""
+    sample_compile: bool = False
+    """Compile the sampler's per-token step (learner/decode.py) with torch.compile
+    (inductor, dynamic shapes). On a 2-core Intel Xeon it drew 20-30% more tokens/s in int4
+    (benchmarks/generation.py); the first compile takes minutes per process on 2 cores
+    (then cached on disk, TORCHINDUCTOR_CACHE_DIR), and a batch of one row compiles once
+    more. Later weight versions reuse the compiled code. Off by default: the demo's
+    generators wait on its learner, and the compile would take the learner's cores."""
     lora_rank: int = Field(default=0, ge=0)
     """LoRA rank of a Hugging Face model (peft); 0: full fine-tuning. With LoRA only the
     adapters train, are published and are checkpointed as weights."""

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from learner import quant
 from learner.attention import KVCache, rotate
+from learner.packing import base_weight, effective_weight, lora_factors, weights_version
 from learner.quant import Dense, Int4, Int8Rows, Linear, LowRank
 from learner.sampling import BetweenSteps, Completion, draw, nucleus_logprobs
 from learner.stops import StopStrings
@@ -63,56 +64,6 @@ def supports(model: Any) -> bool:
     return getattr(cfg, "model_type", None) in SUPPORTED and not getattr(cfg, "rope_scaling", None)
 
 
-def effective_weight(linear: nn.Module) -> Tensor:
-    """The weight a (possibly LoRA-wrapped, peft) linear layer applies: W + sum of deltas."""
-    base = getattr(linear, "base_layer", None)
-    if base is None:
-        return linear.weight.detach()  # type: ignore[operator]
-    weight = base.weight.detach()
-    if getattr(linear, "merged", False):
-        return weight  # type: ignore[no-any-return]
-    for name in getattr(linear, "active_adapters", []):
-        if name in getattr(linear, "lora_A", {}):
-            delta: Tensor = getattr(linear, "get_delta_weight")(name)  # noqa: B009
-            weight = weight + delta.detach()
-    return weight  # type: ignore[no-any-return]
-
-
-def base_weight(linear: nn.Module) -> Tensor:
-    """The weight of a linear layer without its LoRA adapters (peft keeps it in
-    ``base_layer``; merged adapters are in it)."""
-    base: Any = getattr(linear, "base_layer", linear)
-    return base.weight.detach()  # type: ignore[no-any-return]
-
-
-def lora_factors(linears: Sequence[Any]) -> tuple[Tensor, Tensor] | None:
-    """``(down, up)`` of `quant.LowRank` for the fused matrix of ``linears`` (stacked
-    in that order): each active, unmerged adapter's A, and its B times its scaling in its
-    own rows and columns. None without adapters."""
-    downs, blocks, rows = [], [], 0
-    for linear in linears:
-        out = base_weight(linear).shape[0]
-        if not getattr(linear, "merged", False):
-            for name in getattr(linear, "active_adapters", []):
-                if name in getattr(linear, "lora_A", {}):
-                    if getattr(linear, "use_dora", {}).get(name):
-                        raise ValueError("int4 sampling: DoRA adapters are not supported")
-                    a = linear.lora_A[name].weight.detach()
-                    b = linear.lora_B[name].weight.detach() * linear.scaling[name]
-                    downs.append(a)
-                    blocks.append((rows, b))
-        rows += out
-    if not downs:
-        return None
-    down = torch.cat(downs).float()
-    up = torch.zeros(rows, down.shape[0], dtype=torch.float32, device=down.device)
-    col = 0
-    for row, b in blocks:
-        up[row : row + b.shape[0], col : col + b.shape[1]] = b
-        col += b.shape[1]
-    return down, up
-
-
 @dataclass
 class _Layer:
     ln1: Tensor
@@ -121,11 +72,6 @@ class _Layer:
     ln2: Tensor
     gate_up: Linear
     down: Linear
-
-
-def weights_version(model: nn.Module) -> int:
-    """Changes whenever a parameter is modified in place (optimizer step, load_state_dict)."""
-    return sum(int(getattr(p, "_version", 0)) for p in model.parameters())
 
 
 class Decoder:
@@ -142,6 +88,7 @@ class Decoder:
         *,
         int4: bool = False,
         packs: dict[Any, Linear] | None = None,
+        compiled: bool = False,
     ) -> None:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = base.config
@@ -151,7 +98,7 @@ class Decoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.eps = float(cfg.rms_norm_eps)
         self.version = weights_version(model)
-        self.int4 = int4
+        self.int4, self.compiled = int4, compiled
         self.packs: dict[Any, Linear] = {}
         self._old = packs if packs is not None else {}
         with torch.no_grad():
@@ -244,6 +191,33 @@ class Decoder:
             gate, up = layer.gate_up(self._rms(h, layer.ln2)).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up)
         return self.head(self._rms(h[:, -1], self.norm)).float()
+
+    def step(self, tokens: Tensor, pos: int, cache: KVCache) -> Tensor:
+        """`forward` of one new token per row; through `torch.compile` if ``compiled``."""
+        if not self.compiled:
+            return self.forward(tokens, pos, cache)
+        with _no_duck_shapes():
+            return _compiled_forward()(self, tokens.contiguous(), pos, cache)  # type: ignore[no-any-return]
+
+
+_COMPILED: Any = None
+
+
+def _compiled_forward() -> Any:
+    """`Decoder.forward` compiled once per process (inductor, shapes dynamic): its guards
+    are on shapes and types, so decoders of later weight versions reuse the compiled code."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(Decoder.forward, dynamic=True)
+    return _COMPILED
+
+
+def _no_duck_shapes() -> Any:
+    """Sizes that happen to be equal (a batch of 16 rows, a LoRA rank of 16) stay distinct
+    symbols, so the batch shrinking does not recompile."""
+    from torch.fx.experimental import _config
+
+    return _config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -348,7 +322,7 @@ class _Live:
             if newer is not None:
                 self.version = newer
                 self.dec = self.repack() if self.repack is not None else self.dec
-            logits = self.dec.forward(nxt[:, None], pos, self.cache)
+            logits = self.dec.step(nxt[:, None], pos, self.cache)
             pos += 1
         return _completions(self.out)
 

@@ -101,8 +101,10 @@ class HFPolicy(nn.Module):
         *,
         sample_dtype: str | None = None,
         lora: LoraSpec | None = None,
+        sample_compile: bool = False,
     ):
         super().__init__()
+        self.sample_compile = sample_compile
         self.model = with_lora(model, lora) if lora is not None else model
         self.path = path
         self.dtype_name = dtype
@@ -128,6 +130,7 @@ class HFPolicy(nn.Module):
         *,
         sample_dtype: str | None = None,
         lora: LoraSpec | None = None,
+        sample_compile: bool = False,
     ) -> HFPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -139,7 +142,8 @@ class HFPolicy(nn.Module):
         tokenizer = None
         if any((Path(path) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]
-        return cls(model, path, tokenizer, dtype, sample_dtype=sample_dtype, lora=lora)
+        return cls(model, path, tokenizer, dtype, sample_dtype=sample_dtype, lora=lora,
+                   sample_compile=sample_compile)  # fmt: skip
 
     def token_logprobs(
         self,
@@ -207,6 +211,7 @@ class HFPolicy(nn.Module):
         spec: dict[str, Any] = {"kind": "hf", "path": self.path, "dtype": self.dtype_name}
         spec["sample_dtype"] = self.sample_dtype
         spec["lora"] = asdict(self.lora) if self.lora is not None else None
+        spec["sample_compile"] = self.sample_compile
         return spec
 
     def _step(self, new_tokens: Tensor, cache: Any) -> tuple[Tensor, Any]:
@@ -221,6 +226,7 @@ class HFPolicy(nn.Module):
         in the model's own (evaluation: int4 or bf16 flip greedy choices where two tokens
         nearly tie; benchmarks/evaluation.py counts them)."""
         from learner import decode
+        from learner.packing import weights_version
 
         base = self.model.get_base_model() if self.lora else self.model
         if not decode.supports(base):
@@ -231,11 +237,14 @@ class HFPolicy(nn.Module):
             if exact
             else self.sampling_mode(self.sample_dtype, self.lora is not None)
         )
+        compiled = self.sample_compile and not exact
         dec = self._decoder
-        stale = dec is None or dec.dtype != dtype or dec.device != param.device
-        if stale or dec.int4 != int4 or dec.version != decode.weights_version(self.model):
+        stale = dec is None or (dec.dtype, dec.int4, dec.compiled) != (dtype, int4, compiled)
+        if stale or dec.device != param.device or dec.version != weights_version(self.model):
             packs = dec.packs if dec is not None else None
-            self._decoder = dec = decode.Decoder(self.model, dtype, int4=int4, packs=packs)
+            self._decoder = dec = decode.Decoder(
+                self.model, dtype, int4=int4, packs=packs, compiled=compiled
+            )
         return dec
 
     def sampling_mode(self, name: str | None, lora: bool) -> tuple[torch.dtype, bool]:
@@ -255,7 +264,7 @@ class HFPolicy(nn.Module):
         takes is on an int4 grid (`quant.off_grid`) and there is one, checked once."""
         if self._int4_exact is None:
             from learner import quant
-            from learner.decode import base_weight
+            from learner.packing import base_weight
 
             with torch.no_grad():
                 fits = [

@@ -34,7 +34,8 @@ def policy_spec(section: LearnerSettings) -> dict[str, Any]:
         lora = {"rank": section.lora_rank, "alpha": section.lora_alpha,
                 "targets": list(section.lora_targets)}  # fmt: skip
     return {"kind": "hf", "path": section.model, "dtype": section.hf_dtype,
-            "sample_dtype": section.sample_dtype, "lora": lora}  # fmt: skip
+            "sample_dtype": section.sample_dtype, "lora": lora,
+            "sample_compile": section.sample_compile}  # fmt: skip
 
 
 def build_policy(spec: Mapping[str, Any]) -> Policy:
@@ -51,6 +52,7 @@ def build_policy(spec: Mapping[str, Any]) -> Policy:
             spec["path"],
             dtype=spec.get("dtype"),
             sample_dtype=spec.get("sample_dtype"),
+            sample_compile=bool(spec.get("sample_compile", False)),
             lora=None
             if not lora
             else LoraSpec(lora["rank"], lora["alpha"], tuple(lora["targets"])),
