@@ -5,6 +5,8 @@ each row ends at its own stop strings."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -134,6 +136,8 @@ def test_a_compiled_step_samples_as_the_eager_one_and_survives_weight_versions()
 
     if not quant.available():
         pytest.skip("torch's int4 CPU kernels are not available here")
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler")
     lora = LoraSpec(rank=2, alpha=4.0, targets=("q_proj", "v_proj"))
     eager = HFPolicy(snapped_llama(), "tiny-llama", sample_dtype="int4", lora=lora)
     fast = HFPolicy(snapped_llama(), "tiny-llama", sample_dtype="int4", lora=lora,
