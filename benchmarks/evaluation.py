@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.pretrained import load_pretrained
 from learner import quant
 from learner.hf import HFPolicy
 from services.rollout.batched import Decoding, Drawn, complete
@@ -77,15 +78,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from services.infra.models import resolve
     from services.rollout.textcodec import for_policy
-    from services.settings import load
     from services.suites import get
 
-    path = resolve(args.model, load().stack.cache_dir)
-    assert path is not None, "a pretrained model is needed (not tiny)"
-    policy = HFPolicy.from_path(path, dtype="float32")
+    policy = load_pretrained(args.model, args.threads)
     policy.model.eval()
     codec = for_policy(policy)
     tasks = get("code").tasks("train")[: args.tasks]

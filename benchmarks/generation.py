@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.pretrained import load_pretrained
 from learner import quant
 from learner.decode import Decoder, generate
 from learner.hf import HFPolicy
@@ -132,13 +133,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from services.infra.models import resolve
-    from services.settings import load
 
-    path = resolve(args.model, load().stack.cache_dir)
-    assert path is not None, "a pretrained model is needed (not tiny)"
-    policy = HFPolicy.from_path(path, dtype="float32")
+    policy = load_pretrained(args.model, args.threads)
     tok = policy.tokenizer
     prompt = list(tok.apply_chat_template(PROMPT, add_generation_prompt=True))
     params = sum(p.numel() for p in policy.model.parameters()) / 1e6

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.pretrained import load_pretrained
 from learner.cpu import native_bf16_cpu
 from learner.hf import HFPolicy
 
@@ -44,13 +45,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from services.infra.models import resolve
-    from services.settings import load
 
-    path = resolve(args.model, load().stack.cache_dir)
-    assert path is not None, "a pretrained model is needed (not tiny)"
-    policy = HFPolicy.from_path(path, dtype="float32")
+    policy = load_pretrained(args.model, args.threads)
     policy.train()
     ids = torch.randint(100, policy.vocab_size - 100, (args.rows, args.tokens),
                         generator=torch.Generator().manual_seed(0))  # fmt: skip

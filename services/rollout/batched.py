@@ -3,7 +3,7 @@ into one batch and decoded together with a KV cache, each row stopped at its
 end-of-sequence token or at the task's stop string (services/rollout/stops.py). A model the
 fast decoder covers decodes there (`learner.decode.generate_many`, in the model's own
 dtype, not the generators' int4 or bf16, whose rounding flips greedy choices; finished rows
-leave the batch): its completions are `generate`'s, about 2.2x sooner
+leave the batch): its completions are `generate`'s, about 2x sooner
 (benchmarks/evaluation.py). Other Hugging Face models go through `generate`. The tiny
 policy samples task by task.
 
