@@ -80,6 +80,15 @@ class Service:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def tail(self, lines: int = 60) -> str:
+        """The last `lines` lines of the service's log (pytest shows what a test's teardown
+        prints only when the test failed: a fault test that times out leaves evidence)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def stop(self, timeout: float = 30) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -93,6 +102,8 @@ class Service:
 def service_env(prefix: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["ROLLSTREAM__TOPICS__PREFIX"] = prefix
+    # faust's INFO lines (rebalances, recovery, offsets) are the evidence when a fault test fails
+    env.setdefault("ROLLSTREAM__DISPATCHER__LOG_LEVEL", "info")
     env.update(extra)
     return env
 

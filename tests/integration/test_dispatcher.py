@@ -53,6 +53,8 @@ async def run(settings: Settings, prefix: str, tmp_path: Path, _stack_up: None):
     yield run_settings, start
     for svc in services:
         svc.stop()
+    for log, svc in {svc.log: svc for svc in services}.items():  # shown only on failure
+        print(f"--- {log.name} ---\n{svc.tail()}")
 
 
 def sandbox_groups(n_groups: int, tag: str) -> list[Trajectory]:
