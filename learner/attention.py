@@ -37,6 +37,7 @@ class Padding:
         self.real = cols[None] >= self.pads[:, None]  # [B, L]: a real token's column
         bias = torch.zeros(self.real.shape, dtype=torch.float32, device=device)
         self.bias = bias.masked_fill(~self.real, float("-inf"))[:, None, None]  # [B,1,1,L]
+        self._mask: Tensor | None = None  # the prompt's mask, built once for all layers
 
     def positions(self, start: int, t: int) -> Tensor:
         """``[B, T]``: the rotary positions of cache columns ``start .. start+t-1``."""
@@ -45,15 +46,20 @@ class Padding:
 
     def prompt_mask(self, t: int) -> Tensor:
         """``[B, 1, T, T]`` (True: attends): causal over real columns; a pad column attends
-        to itself only (its output is never read; a row of nothing would be NaN)."""
+        to itself only (its output is never read; a row of nothing would be NaN). Built once
+        per prompt (every layer asks for it)."""
+        if self._mask is not None and self._mask.shape[-1] == t:
+            return self._mask
         causal = torch.ones(t, t, dtype=torch.bool, device=self.pads.device).tril()
         eye = torch.eye(t, dtype=torch.bool, device=self.pads.device)
-        return ((causal[None] & self.real[:, None, :t]) | eye[None])[:, None]
+        self._mask = ((causal[None] & self.real[:, None, :t]) | eye[None])[:, None]
+        return self._mask
 
     def keep(self, rows: Tensor) -> None:
         self.pads = self.pads.index_select(0, rows)
         self.real = self.real.index_select(0, rows)
         self.bias = self.bias.index_select(0, rows)
+        self._mask = None
 
 
 class KVCache:
