@@ -142,7 +142,8 @@ async def run(settings: Settings, req: EvalRequest) -> dict[str, Any]:
 
     from services.rollout import evaluate
 
-    torch.set_num_threads(settings.generator.torch_threads)
+    if settings.learner.torch_threads:  # 0: torch's default, every core (as the learner)
+        torch.set_num_threads(settings.learner.torch_threads)
     tasks = load_tasks(settings, req)
     if req.turns not in (1, 2):
         raise ValueError(f"--turns {req.turns}: expected 1 or 2")
