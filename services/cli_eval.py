@@ -79,8 +79,9 @@ def register_calibrate(app: typer.Typer) -> None:
             list[Path],
             typer.Option(
                 "--from",
-                help="A `rollstream export --topic rewards` JSONL of a run, or a "
-                "`rollstream eval --samples K --json` figure; repeatable.",
+                help="A `rollstream export --topic rewards` JSONL of a run, a "
+                "`rollstream eval --samples K --json` figure, or an earlier calibration "
+                "file (its counts are added); repeatable.",
             ),
         ],
         model: Annotated[str, typer.Option(help="The model the counts are of.")] = "",

@@ -113,6 +113,9 @@ class FeederSettings(Section):
     """With `calibration`: the measured pass rates (inclusive) of the tasks that are fed.
     A group teaches only when its samples disagree, so tasks the model (almost) never
     solves are left out; tasks never measured are fed."""
+    family_max: int = Field(default=0, ge=0)
+    """Most members fed of each task family (metadata `family`: one function with other
+    constants), those measured nearest a 0.5 pass rate first; 0: every member."""
 
     @model_validator(mode="before")
     @classmethod

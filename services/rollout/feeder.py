@@ -113,17 +113,26 @@ class Feeder:
         return self._calibrated(out)
 
     def _calibrated(self, out: list[Candidate]) -> list[Candidate]:
-        """`out` less the tasks `feeder.calibration` measured outside `feeder.pass_band`."""
-        if self.cfg.calibration is None:
+        """`out` less the tasks `feeder.calibration` measured outside `feeder.pass_band`
+        and the family members past `feeder.family_max`."""
+        if self.cfg.calibration is None and not self.cfg.family_max:
             return out
         from services.suites import calibration
 
-        cal = calibration.load(self.cfg.calibration)
-        tasks = [c.task for c in out if c.task is not None]
-        kept, left = calibration.select(tasks, cal, self.cfg.pass_band)
-        dropped = {id(t) for t in left}
-        log.info("calibration %s: %d tasks fed, %d measured outside the pass band %s left out",
-                 self.cfg.calibration, len(kept), len(left), self.cfg.pass_band)  # fmt: skip
+        cal = calibration.load(self.cfg.calibration) if self.cfg.calibration else None
+        kept = [c.task for c in out if c.task is not None]
+        dropped: set[int] = set()
+        if cal is not None:
+            kept, left = calibration.select(kept, cal, self.cfg.pass_band)
+            dropped |= {id(t) for t in left}
+            log.info("calibration %s: %d tasks fed, %d measured outside the pass band %s "
+                     "left out", self.cfg.calibration, len(kept), len(left),
+                     self.cfg.pass_band)  # fmt: skip
+        if self.cfg.family_max:
+            kept, left = calibration.cap_families(kept, self.cfg.family_max, cal)
+            dropped |= {id(t) for t in left}
+            log.info("feeder.family_max %d: %d tasks fed, %d family members left out",
+                     self.cfg.family_max, len(kept), len(left))  # fmt: skip
         return [c for c in out if c.task is None or id(c.task) not in dropped]
 
     def _file_tasks(self, path: Path) -> list[Candidate]:

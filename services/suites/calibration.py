@@ -97,10 +97,20 @@ def from_eval(fig: Mapping[str, Any], cal: Calibration) -> int:
     return len(sampled)
 
 
+def merge(other: Calibration, cal: Calibration) -> int:
+    """Add the counts (and sources) of an earlier calibration. Returns its tasks."""
+    for task_id, (passed, total) in other.tasks.items():
+        cal.add(task_id, passed, total)
+    cal.sources.extend(s for s in other.sources if s not in cal.sources)
+    return len(other.tasks)
+
+
 def from_file(path: Path, cal: Calibration) -> int:
-    """Count a file: an eval figure (one JSON object with `sampled_passed`) or a log file
-    of `rollstream export` (JSONL or MessagePack, services/logfiles.py). Returns what
-    `from_eval` / `from_scored` return."""
+    """Count a file: an eval figure (one JSON object with `sampled_passed`), an earlier
+    calibration file (one JSON object with `tasks`: its counts are added, so a
+    calibration grows with new tasks) or a log file of `rollstream export` (JSONL or
+    MessagePack, services/logfiles.py). Returns what `from_eval` / `merge` /
+    `from_scored` return."""
     from services import logfiles
 
     if logfiles.kind_of(path) == "jsonl" and not path.name.endswith(".gz"):
@@ -110,6 +120,8 @@ def from_file(path: Path, cal: Calibration) -> int:
             whole = None
         if isinstance(whole, dict) and "sampled_passed" in whole:
             return from_eval(whole, cal)
+        if isinstance(whole, dict) and "tasks" in whole:
+            return merge(load(path), cal)
     n = from_scored((e.message for e in logfiles.read_file(path)), cal)
     if not n:
         raise ValueError(f"{path}: no ScoredTrajectory record (export the rewards topic)")
@@ -152,3 +164,28 @@ def select(
         rate = pass_rate(t, cal, families)
         (kept if rate is None or lo <= rate <= hi else out).append(t)
     return kept, out
+
+
+def cap_families(
+    tasks: list[Task], most: int, cal: Calibration | None = None
+) -> tuple[list[Task], list[Task]]:
+    """(kept, left out): at most `most` members of each family (metadata `family`), the
+    ones whose measured pass rate is nearest 0.5 (the likeliest to split a group), the
+    earlier task on a tie; tasks of no family are all kept, in their order. A family of
+    one function with other constants teaches that function once, not once per constant,
+    so a capped pool spends its groups on more distinct functions."""
+    families = family_counts(tasks, cal) if cal is not None else {}
+
+    def distance(t: Task) -> float:
+        rate = pass_rate(t, cal, families) if cal is not None else None
+        return abs(rate - 0.5) if rate is not None else 0.5
+
+    members: dict[str, list[tuple[float, int]]] = {}
+    for i, t in enumerate(tasks):
+        family = (t.metadata or {}).get("family")
+        if family:
+            members.setdefault(family, []).append((distance(t), i))
+    chosen = {i for ranked in members.values() for _, i in sorted(ranked)[:most]}
+    kept = [t for i, t in enumerate(tasks) if not (t.metadata or {}).get("family") or i in chosen]
+    left = [t for i, t in enumerate(tasks) if (t.metadata or {}).get("family") and i not in chosen]
+    return kept, left

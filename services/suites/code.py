@@ -9,19 +9,25 @@ hidden asserts, one `test_*` function each: partial credit) decide the reward, w
 `feedback_tests` (the public examples, same format) serve multi-turn feedback. No hidden
 assert is ever shown.
 
-Splits are fixed by the data: `train` (449 tasks) and `heldout` (63 distinct functions,
+Splits are fixed by the data: `train` (632 tasks) and `heldout` (178 distinct functions,
 none of them a near-copy of a training function; never fed). `warmup` is empty. The
 first 217 training tasks are mostly easy one-liners, 176 of them in 16 families of one
 function with different constants; the 232 after them are distinct string, collection
 and number functions (87 easy, 109 medium, 36 hard), so that most of what is trained on
 is a function of its own at the small model's frontier rather than a constant to copy.
-They were screened against the held-out split by name, spec and reference similarity
-(near relatives such as an inverse of a held-out function were left out). Every task
-records `entry_point`, `split`, `difficulty` (easy | medium | hard) and, for a family
-member, `family` in its metadata. The labels are the writer's: SmolLM2-135M-Instruct
-passed 0.7% of 880 samples of the later 232, "easy" ones included; its measured rates per
-task are in data/calibration-smollm2-code.json (services/suites/calibration.py), which the
-demo feeds by.
+They were screened against the first 63 held-out tasks by name, spec and reference
+similarity (near relatives such as an inverse of a held-out function were left out).
+The last 298 lines (183 train, 115 held-out; 179 easy, 89 medium, 30 hard) are distinct
+functions on strings, numbers and collections written in one batch, screened against
+every earlier task and HumanEval; near relatives among them (the same idea with another
+predicate, a function and its inverse) form clusters of one split, a relative of an
+earlier task takes that task's split, and the other clusters were split at random (0.4
+held-out), so the new held-out functions are drawn like the new training ones. Every
+task records `entry_point`, `split`, `difficulty` (easy | medium | hard) and, for a
+family member, `family` in its metadata. The labels are the writer's: SmolLM2-135M-Instruct
+passed 0.7% of 880 samples of the 232, "easy" ones included; its measured rates per
+training task are in data/calibration-smollm2-code.json (services/suites/calibration.py),
+which the demo feeds by.
 """
 
 from __future__ import annotations

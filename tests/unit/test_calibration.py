@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,19 @@ def test_files_round_trip_and_bad_ones_name_the_problem(tmp_path: Path) -> None:
         cb.from_file(exported, cal)
 
 
+def test_an_earlier_calibration_file_adds_its_counts_and_sources(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(cb.Calibration("m", 0.7, ["run-1"], {"a": (1, 4)}).to_json()))
+    fig = tmp_path / "eval.json"
+    fig.write_text(json.dumps({"samples": 3, "sampled_passed": {"a": 1, "b": 2}}))
+    cal = cb.Calibration("m", 0.7)
+    assert cb.from_file(old, cal) == 1 and cb.from_file(fig, cal) == 2
+    assert cal.tasks == {"a": (2, 8), "b": (2, 4)} and cal.sources == ["run-1"]
+    old.write_text(json.dumps({"tasks": {"a": [5, 4]}}))
+    with pytest.raises(ValueError, match="5 passed of 4"):
+        cb.from_file(old, cal)
+
+
 def test_the_packaged_calibration_covers_the_code_suite() -> None:
     from services import suites
 
@@ -108,3 +122,37 @@ def test_the_feeder_leaves_out_tasks_measured_outside_the_band(tmp_path: Path) -
            if c.task is not None]  # fmt: skip
     assert train[0] not in fed and train[1] not in fed and train[2] in fed
     assert set(fed) == set(train) - {train[0], train[1]}
+
+
+def test_cap_families_keeps_the_members_nearest_even_odds() -> None:
+    cal = cb.Calibration(tasks={"add_1": (8, 8), "add_2": (4, 8), "add_3": (1, 8),
+                                "sub_1": (2, 8)})  # fmt: skip
+    tasks = [task("add_1", "add"), task("own"), task("add_2", "add"), task("add_3", "add"),
+             task("sub_1", "sub"), task("sub_2", "sub"), task("sub_3", "sub")]  # fmt: skip
+    kept, left = cb.cap_families(tasks, 2, cal)
+    # add: 0.5 and 0.125 beat 1.0; sub: sub_1 measured 0.25, the others take the family's
+    # pooled 0.25, so the earliest two stay. Tasks of no family always stay.
+    assert [t.task_id for t in kept] == ["own", "add_2", "add_3", "sub_1", "sub_2"]
+    assert [t.task_id for t in left] == ["add_1", "sub_3"]
+    kept, left = cb.cap_families(tasks, 1)  # no calibration: the first member of each
+    assert [t.task_id for t in kept] == ["add_1", "own", "sub_1"] and len(left) == 4
+
+
+def test_the_feeder_caps_each_family_after_the_band() -> None:
+    from services.rollout.feeder import Feeder
+    from services.settings import Settings
+    from services.suites import get
+
+    train = get("code").tasks("train")
+    families = {t.metadata["family"] for t in train if t.metadata.get("family")}
+    base = Settings()
+    cfg = base.feeder.model_copy(
+        update={"suites": {"code": 1.0}, "calibration": "smollm2-code", "family_max": 2}
+    )
+    fed = [c.task for c in Feeder(base.model_copy(update={"feeder": cfg})).candidates()
+           if c.task is not None]  # fmt: skip
+    per_family = Counter(t.metadata["family"] for t in fed if t.metadata.get("family"))
+    assert families and max(per_family.values()) == 2
+    kept, _ = cb.select(train, cb.load("smollm2-code"), (0.05, 0.95))
+    own = [t.task_id for t in kept if not t.metadata.get("family")]
+    assert [t.task_id for t in fed if not t.metadata.get("family")] == own
