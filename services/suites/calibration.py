@@ -185,7 +185,6 @@ def cap_families(
         family = (t.metadata or {}).get("family")
         if family:
             members.setdefault(family, []).append((distance(t), i))
-    chosen = {i for ranked in members.values() for _, i in sorted(ranked)[:most]}
-    kept = [t for i, t in enumerate(tasks) if not (t.metadata or {}).get("family") or i in chosen]
-    left = [t for i, t in enumerate(tasks) if (t.metadata or {}).get("family") and i not in chosen]
-    return kept, left
+    left_out = {i for ranked in members.values() for _, i in sorted(ranked)[most:]}
+    kept = [t for i, t in enumerate(tasks) if i not in left_out]
+    return kept, [tasks[i] for i in sorted(left_out)]
