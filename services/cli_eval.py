@@ -80,8 +80,9 @@ def register_calibrate(app: typer.Typer) -> None:
             typer.Option(
                 "--from",
                 help="A `rollstream export --topic rewards` JSONL of a run, a "
-                "`rollstream eval --samples K --json` figure, or an earlier calibration "
-                "file (its counts are added); repeatable.",
+                "`rollstream eval --json` figure (with --samples K its counts, and the "
+                "greedy outcomes), or an earlier calibration file (its counts are added); "
+                "repeatable.",
             ),
         ],
         model: Annotated[str, typer.Option(help="The model the counts are of.")] = "",

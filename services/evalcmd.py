@@ -207,7 +207,7 @@ def figures(
         "samples": r.samples, "pass_at_k": {}, "seconds": round(seconds, 1),
         "max_new_tokens": settings.generator.max_new_tokens,
         "temperature": settings.learner.temperature, "top_p": settings.generator.top_p,
-        "greedy_passed": r.greedy_passed,
+        "greedy_passed": r.greedy_passed, "task_ids": r.task_ids,
         "sampled_passed": dict(zip(r.task_ids, r.passed, strict=True))
         if r.samples and r.task_ids
         else {},

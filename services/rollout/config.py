@@ -116,6 +116,11 @@ class FeederSettings(Section):
     family_max: int = Field(default=0, ge=0)
     """Most members fed of each task family (metadata `family`: one function with other
     constants), those measured nearest a 0.5 pass rate first; 0: every member."""
+    skip_greedy_solved: bool = False
+    """With `calibration`: leave out the tasks whose greedy completion it records as
+    passing. At a sampling temperature below 1 RL mostly sharpens the policy towards its
+    most likely answer, which on such a task already passes: it cannot raise greedy pass@1
+    there, only on tasks greedy decoding fails and sampling sometimes solves."""
 
     @model_validator(mode="before")
     @classmethod
@@ -127,4 +132,7 @@ class FeederSettings(Section):
         lo, hi = self.pass_band
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError(f"feeder.pass_band {self.pass_band}: expected 0 <= low <= high <= 1")
+        if self.skip_greedy_solved and self.calibration is None:
+            raise ValueError("feeder.skip_greedy_solved needs feeder.calibration (the greedy "
+                             "outcomes it records)")  # fmt: skip
         return self

@@ -114,7 +114,8 @@ class Feeder:
 
     def _calibrated(self, out: list[Candidate]) -> list[Candidate]:
         """`out` less the tasks `feeder.calibration` measured outside `feeder.pass_band`
-        and the family members past `feeder.family_max`."""
+        (and with `feeder.skip_greedy_solved` those it records solved greedily) and the
+        family members past `feeder.family_max`."""
         if self.cfg.calibration is None and not self.cfg.family_max:
             return out
         from services.suites import calibration
@@ -128,6 +129,11 @@ class Feeder:
             log.info("calibration %s: %d tasks fed, %d measured outside the pass band %s "
                      "left out", self.cfg.calibration, len(kept), len(left),
                      self.cfg.pass_band)  # fmt: skip
+            if self.cfg.skip_greedy_solved:
+                kept, left = calibration.skip_greedy_solved(kept, cal)
+                dropped |= {id(t) for t in left}
+                log.info("feeder.skip_greedy_solved: %d tasks fed, %d solved greedily left out",
+                         len(kept), len(left))  # fmt: skip
         if self.cfg.family_max:
             kept, left = calibration.cap_families(kept, self.cfg.family_max, cal)
             dropped |= {id(t) for t in left}

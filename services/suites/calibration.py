@@ -9,13 +9,21 @@ measurements is fed (no evidence against it); a family member (metadata `family`
 same function with other constants) without measurements of its own takes the pooled
 counts of its family.
 
+A calibration may also record whether the model's greedy completion of a task passed.
+With `feeder.skip_greedy_solved` the tasks it solves greedily are not fed: at a sampling
+temperature below 1, RL mostly sharpens the policy towards its most likely answer, so on
+a task whose greedy answer already passes it cannot raise greedy pass@1; the tasks greedy
+decoding fails and sampling sometimes solves are the ones where it can.
+
 File format (JSON, written by `rollstream calibrate`):
 
     {"model": "smollm2", "temperature": 0.7, "sources": ["..."],
-     "tasks": {"code/abs_diff": [5, 8], ...}}      # task id -> [passed, completions]
+     "tasks": {"code/abs_diff": [5, 8], ...},     # task id -> [passed, completions]
+     "greedy": {"code/abs_diff": true, ...}}      # optional: task id -> greedy passed
 
 Counts come from scored trajectories (a `rollstream export --topic rewards` log file) and
-from `rollstream eval --json` figures (each sampled completion, and the greedy one, counts).
+from `rollstream eval --json` figures (each sampled completion, and the greedy one, counts;
+a greedy-only figure records the greedy outcomes and no counts).
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ class Calibration:
     """Where the counts came from (run prefixes, files)."""
     tasks: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Task id -> (completions that passed, completions)."""
+    greedy: dict[str, bool] = field(default_factory=dict)
+    """Task id -> whether the model's greedy completion passed (where measured)."""
 
     def add(self, task_id: str, passed: int, total: int) -> None:
         if not 0 <= passed <= total:
@@ -49,8 +59,13 @@ class Calibration:
         self.tasks[task_id] = (p + passed, n + total)
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "temperature": self.temperature, "sources": self.sources,
-                "tasks": {k: list(v) for k, v in sorted(self.tasks.items())}}  # fmt: skip
+        out: dict[str, Any] = {
+            "model": self.model, "temperature": self.temperature, "sources": self.sources,
+            "tasks": {k: list(v) for k, v in sorted(self.tasks.items())},
+        }  # fmt: skip
+        if self.greedy:
+            out["greedy"] = dict(sorted(self.greedy.items()))
+        return out
 
 
 PACKAGED = {"smollm2-code": "calibration-smollm2-code.json"}
@@ -69,6 +84,10 @@ def load(ref: str | Path) -> Calibration:
                           [str(s) for s in raw.get("sources", [])])  # fmt: skip
         for task_id, (passed, total) in dict(raw["tasks"]).items():
             cal.add(str(task_id), int(passed), int(total))
+        for task_id, ok in dict(raw.get("greedy") or {}).items():
+            if not isinstance(ok, bool):
+                raise ValueError(f"greedy[{task_id!r}] = {ok!r}: expected true or false")
+            cal.greedy[str(task_id)] = ok
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"calibration {ref}: {exc}") from None
     return cal
@@ -86,27 +105,38 @@ def from_scored(messages: Iterable[Message], cal: Calibration) -> int:
 
 
 def from_eval(fig: Mapping[str, Any], cal: Calibration) -> int:
-    """Count the completions of a `rollstream eval --json` figure that has per-task sampled
-    counts (`--samples K`); the greedy completion counts as one more. Returns the tasks."""
+    """Count a `rollstream eval --json` figure: with per-task sampled counts (`--samples
+    K`) each sample and the greedy completion count, and the greedy outcomes are recorded;
+    a greedy-only figure (its `task_ids`) records the greedy outcomes only (a greedy
+    completion is no sample at the calibration's temperature). Returns the tasks."""
     sampled, k = fig.get("sampled_passed") or {}, int(fig.get("samples") or 0)
-    if not sampled or k <= 0:
-        raise ValueError("an eval figure with per-task counts is needed (run it with --samples)")
     greedy = set(fig.get("greedy_passed") or [])
-    for task_id, passed in sampled.items():
-        cal.add(task_id, int(passed) + (task_id in greedy), k + 1)
-    return len(sampled)
+    if sampled and k > 0:
+        for task_id, passed in sampled.items():
+            cal.add(task_id, int(passed) + (task_id in greedy), k + 1)
+        ids = list(sampled)
+    elif fig.get("task_ids"):
+        ids = [str(t) for t in fig["task_ids"]]
+    else:
+        raise ValueError("an eval figure with per-task results is needed (rollstream eval --json)")
+    for task_id in ids:
+        cal.greedy[task_id] = task_id in greedy
+    return len(ids)
 
 
 def merge(other: Calibration, cal: Calibration) -> int:
-    """Add the counts (and sources) of an earlier calibration. Returns its tasks."""
+    """Add the counts (and sources) of an earlier calibration; its greedy outcomes are
+    taken where `cal` has none. Returns its tasks."""
     for task_id, (passed, total) in other.tasks.items():
         cal.add(task_id, passed, total)
+    for task_id, ok in other.greedy.items():
+        cal.greedy.setdefault(task_id, ok)
     cal.sources.extend(s for s in other.sources if s not in cal.sources)
     return len(other.tasks)
 
 
 def from_file(path: Path, cal: Calibration) -> int:
-    """Count a file: an eval figure (one JSON object with `sampled_passed`), an earlier
+    """Count a file: an eval figure (one JSON object with `greedy_passed`), an earlier
     calibration file (one JSON object with `tasks`: its counts are added, so a
     calibration grows with new tasks) or a log file of `rollstream export` (JSONL or
     MessagePack, services/logfiles.py). Returns what `from_eval` / `merge` /
@@ -118,7 +148,7 @@ def from_file(path: Path, cal: Calibration) -> int:
             whole = json.loads(path.read_text())
         except ValueError:  # JSON Lines, not one document
             whole = None
-        if isinstance(whole, dict) and "sampled_passed" in whole:
+        if isinstance(whole, dict) and ("greedy_passed" in whole or "sampled_passed" in whole):
             return from_eval(whole, cal)
         if isinstance(whole, dict) and "tasks" in whole:
             return merge(load(path), cal)
@@ -188,3 +218,13 @@ def cap_families(
     left_out = {i for ranked in members.values() for _, i in sorted(ranked)[most:]}
     kept = [t for i, t in enumerate(tasks) if i not in left_out]
     return kept, [tasks[i] for i in sorted(left_out)]
+
+
+def skip_greedy_solved(tasks: list[Task], cal: Calibration) -> tuple[list[Task], list[Task]]:
+    """(kept, left out): the tasks whose greedy completion the calibration records as
+    passing are left out; those it records as failing, or never measured greedily, are kept."""
+    kept: list[Task] = []
+    out: list[Task] = []
+    for t in tasks:
+        (out if cal.greedy.get(t.task_id) else kept).append(t)
+    return kept, out

@@ -43,8 +43,57 @@ def test_eval_figures_count_samples_and_the_greedy_completion() -> None:
     fig = {"samples": 3, "sampled_passed": {"a": 2, "b": 0}, "greedy_passed": ["b"]}
     assert cb.from_eval(fig, cal) == 2
     assert cal.tasks == {"a": (2, 4), "b": (1, 4)}
-    with pytest.raises(ValueError, match="--samples"):
+    assert cal.greedy == {"a": False, "b": True}
+    with pytest.raises(ValueError, match="per-task results"):
         cb.from_eval({"samples": 0, "greedy_passed": ["a"]}, cal)
+
+
+def test_a_greedy_only_figure_records_greedy_outcomes_and_no_counts(tmp_path: Path) -> None:
+    cal = cb.Calibration(tasks={"a": (1, 4)}, greedy={"c": True})
+    fig = {"samples": 0, "sampled_passed": {}, "greedy_passed": ["b"], "task_ids": ["a", "b"]}
+    path = tmp_path / "greedy.json"
+    path.write_text(json.dumps(fig))
+    assert cb.from_file(path, cal) == 2
+    assert cal.tasks == {"a": (1, 4)} and cal.greedy == {"a": False, "b": True, "c": True}
+    path.write_text(json.dumps(cal.to_json()))
+    assert cb.load(path) == cal
+    older = cb.Calibration(tasks={"d": (0, 2)}, greedy={"a": True, "d": False})
+    assert cb.merge(older, cal) == 1
+    assert cal.greedy == {"a": False, "b": True, "c": True, "d": False}  # newer outcome kept
+    path.write_text(json.dumps({"tasks": {}, "greedy": {"a": 1}}))
+    with pytest.raises(ValueError, match="expected true or false"):
+        cb.load(path)
+
+
+def test_skip_greedy_solved_leaves_out_what_greedy_decoding_passes() -> None:
+    cal = cb.Calibration(greedy={"solved": True, "failed": False})
+    kept, left = cb.skip_greedy_solved([task("solved"), task("failed"), task("new")], cal)
+    assert [t.task_id for t in kept] == ["failed", "new"]
+    assert [t.task_id for t in left] == ["solved"]
+
+
+def test_the_feeder_skips_greedy_solved_tasks_only_when_asked(tmp_path: Path) -> None:
+    from services.rollout.config import FeederSettings
+    from services.rollout.feeder import Feeder
+    from services.settings import Settings
+    from services.suites import get
+
+    train = [t.task_id for t in get("code").tasks("train")]
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"tasks": {train[0]: [3, 8], train[1]: [3, 8]},
+                                "greedy": {train[0]: True, train[1]: False}}))  # fmt: skip
+    base = Settings()
+
+    def fed(skip: bool) -> set[str]:
+        cfg = base.feeder.model_copy(update={"suites": {"code": 1.0}, "calibration": str(path),
+                                             "skip_greedy_solved": skip})  # fmt: skip
+        feeder = Feeder(base.model_copy(update={"feeder": cfg}))
+        return {c.task.task_id for c in feeder.candidates() if c.task is not None}
+
+    assert fed(False) == set(train)
+    assert fed(True) == set(train) - {train[0]}
+    with pytest.raises(ValueError, match="needs feeder"):
+        FeederSettings(skip_greedy_solved=True)
 
 
 def test_select_keeps_the_band_unmeasured_tasks_and_pools_families() -> None:
@@ -87,7 +136,9 @@ def test_an_earlier_calibration_file_adds_its_counts_and_sources(tmp_path: Path)
     old = tmp_path / "old.json"
     old.write_text(json.dumps(cb.Calibration("m", 0.7, ["run-1"], {"a": (1, 4)}).to_json()))
     fig = tmp_path / "eval.json"
-    fig.write_text(json.dumps({"samples": 3, "sampled_passed": {"a": 1, "b": 2}}))
+    fig.write_text(
+        json.dumps({"samples": 3, "sampled_passed": {"a": 1, "b": 2}, "greedy_passed": []})
+    )
     cal = cb.Calibration("m", 0.7)
     assert cb.from_file(old, cal) == 1 and cb.from_file(fig, cal) == 2
     assert cal.tasks == {"a": (2, 8), "b": (2, 4)} and cal.sources == ["run-1"]
@@ -102,7 +153,8 @@ def test_the_packaged_calibration_covers_the_code_suite() -> None:
     cal = cb.load("smollm2-code")
     train = suites.get("code").tasks("train")
     heldout = {t.task_id for t in suites.get("code").tasks("heldout")}
-    assert not heldout & set(cal.tasks), "a held-out task was measured for training"
+    assert not heldout & (set(cal.tasks) | set(cal.greedy)), "a held-out task was measured"
+    assert set(cal.greedy) == {t.task_id for t in train}
     kept, left = cb.select(train, cal, (0.05, 0.95))
     assert kept and left and len(kept) + len(left) == len(train)
 
