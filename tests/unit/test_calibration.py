@@ -136,9 +136,7 @@ def test_an_earlier_calibration_file_adds_its_counts_and_sources(tmp_path: Path)
     old = tmp_path / "old.json"
     old.write_text(json.dumps(cb.Calibration("m", 0.7, ["run-1"], {"a": (1, 4)}).to_json()))
     fig = tmp_path / "eval.json"
-    fig.write_text(
-        json.dumps({"samples": 3, "sampled_passed": {"a": 1, "b": 2}, "greedy_passed": []})
-    )
+    fig.write_text(json.dumps({"samples": 3, "sampled_passed": {"a": 1, "b": 2}}))
     cal = cb.Calibration("m", 0.7)
     assert cb.from_file(old, cal) == 1 and cb.from_file(fig, cal) == 2
     assert cal.tasks == {"a": (2, 8), "b": (2, 4)} and cal.sources == ["run-1"]
