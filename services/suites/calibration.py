@@ -137,11 +137,10 @@ def merge(other: Calibration, cal: Calibration) -> int:
 
 def from_file(path: Path, cal: Calibration) -> int:
     """Count a file: an eval figure (one JSON object with `greedy_passed` or
-    `sampled_passed`), an earlier
-    calibration file (one JSON object with `tasks`: its counts are added, so a
-    calibration grows with new tasks) or a log file of `rollstream export` (JSONL or
-    MessagePack, services/logfiles.py). Returns what `from_eval` / `merge` /
-    `from_scored` return."""
+    `sampled_passed`), an earlier calibration file (one JSON object with `tasks`: its
+    counts are added, so a calibration grows with new tasks) or a log file of `rollstream
+    export` (JSONL or MessagePack, services/logfiles.py). Returns what `from_eval` /
+    `merge` / `from_scored` return."""
     from services import logfiles
 
     if logfiles.kind_of(path) == "jsonl" and not path.name.endswith(".gz"):
