@@ -39,6 +39,10 @@ class Decoding:
     seed: int = 0
     batch: int = 16
     """Rows decoded together (prompts x samples)."""
+    threads: int = 0
+    """Torch CPU threads of the decoding, set in the thread that decodes (torch keeps a
+    count per OS thread: one set in the event loop's thread does not reach the worker
+    thread `asyncio.to_thread` decodes in); 0: as that thread has them."""
 
 
 def complete(
@@ -61,6 +65,10 @@ def complete_ids(
     whole context), each cut at its row's stop strings."""
     if n < 1 or not prompts:
         return [[] for _ in prompts]
+    if how.threads:
+        import torch
+
+        torch.set_num_threads(how.threads)
     if getattr(policy, "model", None) is None or not hasattr(codec, "tok"):
         return [
             _one_by_one(policy, codec, p, s, n, how) for p, s in zip(prompts, stops, strict=True)

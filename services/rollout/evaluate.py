@@ -108,10 +108,13 @@ async def evaluate(
     batch: int = 16,
 ) -> EvalResult:
     """Greedy and `samples` sampled completions of every task (`batch` rows decoded
-    together), judged."""
+    together, on `learner.torch_threads` threads as training: 0 leaves torch's count),
+    judged."""
     g, ls = settings.generator, settings.learner
-    greedy = Decoding(g.max_new_tokens, seed=ls.seed + 1, batch=batch)
-    sampled = Decoding(g.max_new_tokens, ls.temperature, g.top_p, ls.seed + 1, batch)
+    greedy = Decoding(g.max_new_tokens, seed=ls.seed + 1, batch=batch, threads=ls.torch_threads)
+    sampled = Decoding(
+        g.max_new_tokens, ls.temperature, g.top_p, ls.seed + 1, batch, ls.torch_threads
+    )
     t0 = time.monotonic()
     first = await asyncio.to_thread(complete, policy, text, tasks, 1, greedy)
     drawn = await asyncio.to_thread(complete, policy, text, tasks, samples, sampled)

@@ -84,7 +84,8 @@ async def evaluate_two_turns(
 ) -> TurnsResult:
     """Greedy two-turn episodes of every task, judged (see the module docstring)."""
     g = settings.generator
-    how = Decoding(g.max_new_tokens, seed=settings.learner.seed + 1, batch=batch)
+    ls = settings.learner
+    how = Decoding(g.max_new_tokens, seed=ls.seed + 1, batch=batch, threads=ls.torch_threads)
     prompts = [text.prompt_ids(t) for t in tasks]
     stops = [stop_strings(t) for t in tasks]
     first = [

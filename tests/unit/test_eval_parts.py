@@ -117,6 +117,32 @@ def test_tiny_policy_completes_task_by_task() -> None:
     assert all(len(c.tokens) <= 8 for r in rows for c in r)
 
 
+def test_decoding_sets_its_threads_in_the_thread_that_decodes() -> None:
+    import threading
+
+    import torch
+
+    from learner.spec import make_policy
+    from services.rollout.textcodec import for_policy
+
+    s = load(["learner.tiny_dim=16", "learner.tiny_layers=1", "learner.tiny_heads=2"])
+    policy = make_policy(s.learner)
+    codec, tasks = for_policy(policy), get("arith").tasks("heldout")[:1]
+    main_threads, seen = torch.get_num_threads(), []
+
+    def decode(threads: int) -> None:
+        torch.set_num_threads(1)  # as the demo's warm-up leaves its worker thread
+        complete(policy, codec, tasks, 1, Decoding(4, threads=threads))
+        seen.append(torch.get_num_threads())
+
+    for threads in (0, 2):
+        worker = threading.Thread(target=decode, args=(threads,))
+        worker.start()
+        worker.join(timeout=60)
+    assert seen == [1, 2]  # 0 leaves the thread's count as it was
+    assert torch.get_num_threads() == main_threads  # the caller's thread is not touched
+
+
 def test_text_prompts_go_through_the_chat_template() -> None:
     class Tok:
         chat_template = "{{ messages }}"
