@@ -113,7 +113,7 @@ async def evaluate(
     g, ls = settings.generator, settings.learner
     greedy = Decoding(g.max_new_tokens, seed=ls.seed + 1, batch=batch, threads=ls.torch_threads)
     sampled = Decoding(
-        g.max_new_tokens, ls.temperature, g.top_p, ls.seed + 1, batch, ls.torch_threads
+        g.max_new_tokens, ls.temperature, g.top_p, ls.seed + 1, batch, threads=ls.torch_threads
     )
     t0 = time.monotonic()
     first = await asyncio.to_thread(complete, policy, text, tasks, 1, greedy)

@@ -135,12 +135,15 @@ def test_decoding_sets_its_threads_in_the_thread_that_decodes() -> None:
         complete(policy, codec, tasks, 1, Decoding(4, threads=threads))
         seen.append(torch.get_num_threads())
 
-    for threads in (0, 2):
-        worker = threading.Thread(target=decode, args=(threads,))
-        worker.start()
-        worker.join(timeout=60)
-    assert seen == [1, 2]  # 0 leaves the thread's count as it was
-    assert torch.get_num_threads() == main_threads  # the caller's thread is not touched
+    try:
+        for threads in (0, 2):
+            worker = threading.Thread(target=decode, args=(threads,))
+            worker.start()
+            worker.join(timeout=60)
+        assert seen == [1, 2]  # 0 leaves the thread's count as it was
+        assert torch.get_num_threads() == main_threads  # the caller's thread is not touched
+    finally:
+        torch.set_num_threads(main_threads)  # the count later threads start from, as before
 
 
 def test_text_prompts_go_through_the_chat_template() -> None:
