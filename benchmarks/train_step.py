@@ -7,8 +7,9 @@
 The step is what the learner computes per micro-batch: token logprobs of ``--rows``
 sequences of ``--tokens`` tokens (`HFPolicy.token_logprobs`), their mean as the loss,
 backward. The header says whether this CPU has native bf16 (avx512_bf16 / AMX, from its
-flags: learner/cpu.py), and so whether `cpu_amp = true` autocasts here at all; the bf16
-row is measured either way, to show what autocast would cost where bf16 is emulated.
+flags: learner/cpu.py) and whether a bf16 matmul measured faster than float32 at start,
+and so whether `cpu_amp = true` autocasts here at all; the bf16 row is measured either way,
+to show what autocast would cost where it is not used.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.pretrained import load_pretrained
-from learner.cpu import native_bf16_cpu
+from learner.cpu import fast_bf16_cpu, native_bf16_cpu
 from learner.hf import HFPolicy
 
 
@@ -50,11 +51,12 @@ def main() -> None:
     policy.train()
     ids = torch.randint(100, policy.vocab_size - 100, (args.rows, args.tokens),
                         generator=torch.Generator().manual_seed(0))  # fmt: skip
-    native = native_bf16_cpu()
+    native, fast = native_bf16_cpu(), fast_bf16_cpu()
     print(f"# train step: {args.model}, {args.rows} x {args.tokens} tokens, "
           f"{torch.get_num_threads()} threads, {args.rounds} interleaved rounds (medians); "
-          f"native bf16: {'yes' if native else 'no'} (cpu_amp "
-          f"{'autocasts' if native else 'is ignored'} here)")  # fmt: skip
+          f"native bf16: {'yes' if native else 'no'}, measured faster: "
+          f"{'yes' if fast else 'no'} "
+          f"(cpu_amp {'autocasts' if fast else 'is ignored'} here)")  # fmt: skip
     modes = {"float32": False, "bf16 autocast": True}
     for bf16 in modes.values():
         step(policy, ids, bf16)  # warm-up

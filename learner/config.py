@@ -38,7 +38,8 @@ class LearnerSettings(Section):
     """Parameter dtype of a Hugging Face model. Unset: as saved."""
     sample_dtype: Literal["auto", "float32", "bfloat16", "int4"] = "auto"
     """Weight dtype a Hugging Face Llama-family model samples with (learner/decode.py):
-    `auto` is bfloat16 where its matmuls are native (CUDA, a CPU with avx512_bf16/AMX), else
+    `auto` is bfloat16 where its matmuls are native (CUDA, a CPU with avx512_bf16/AMX where
+    they measure faster than float32), else
     the model's dtype; on a CPU with LoRA on, int4 where the frozen base weights are on a
     4-bit grid (SmolLM2's, converted from its Q4_1 GGUF). `int4` (CPU): the layers' weights
     in 4 bits, the LM head in 8, LoRA adapters applied in full (learner/quant.py); with full
@@ -77,10 +78,12 @@ class LearnerSettings(Section):
     """bf16 autocast on CUDA devices that support it (the loss stays float32)."""
     cpu_amp: bool = False
     """bf16 autocast on a CPU that computes in bf16 natively (avx512_bf16 or AMX, read from
-    the CPU's flags; ignored elsewhere, where emulated bf16 is slower than float32): a
+    the CPU's flags) and where a bf16 matmul measures faster than float32 at start
+    (learner/cpu.py `fast_bf16_cpu`); ignored elsewhere, where bf16 is slower: a
     forward+backward of SmolLM2 on 8 x 250 tokens takes 10 s instead of 27 s on one core
-    of an AMD EPYC with avx512_bf16, at bf16 precision of the learner's logprobs. Off by
-    default: the tiny policy's small matmuls gain nothing from it."""
+    of an AMD EPYC with avx512_bf16, but 13.6 s against 8.4 s on 2 cores of an Intel Xeon
+    whose flags also list avx512_bf16. At bf16 precision of the learner's logprobs. Off
+    by default: the tiny policy's small matmuls gain nothing from it."""
     torch_threads: int = Field(default=0, ge=0)
     """CPU threads torch may use for training; 0: torch's own default (OMP_NUM_THREADS when
     set, else one per core). The demo gives the learner 2 on its 2-core machine: the

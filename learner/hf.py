@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from learner.cpu import native_bf16_cpu
+from learner.cpu import fast_bf16_cpu
 from learner.policy import export_state, logprobs_from_logits
 from learner.sampling import BetweenSteps, Completion, sample
 from learner.stops import StopStrings
@@ -41,7 +41,8 @@ class LoraSpec:
 
 def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """Dense sampling weights' dtype. None: the model's dtype. `auto`: bfloat16 where its
-    matmuls are native (CUDA with bf16, a CPU with avx512_bf16/AMX), else the model's
+    matmuls are native (CUDA with bf16, a CPU with avx512_bf16/AMX where they measure
+    faster than float32: `fast_bf16_cpu`), else the model's
     dtype. `int4`: the activations' dtype, the model's."""
     if name is None or name == "int4":
         return model_dtype
@@ -49,7 +50,7 @@ def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dt
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else model_dtype
-    return torch.bfloat16 if device.type == "cpu" and native_bf16_cpu() else model_dtype
+    return torch.bfloat16 if device.type == "cpu" and fast_bf16_cpu() else model_dtype
 
 
 def int4_sampling(name: str | None, device: torch.device, lora: bool) -> str:

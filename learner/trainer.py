@@ -20,7 +20,7 @@ from torch import Tensor
 
 from learner.batching import micro_batches, prefix_micro_batches, split_even
 from learner.config import LearnerSettings, configure
-from learner.cpu import native_bf16_cpu
+from learner.cpu import fast_bf16_cpu
 from learner.loss import LossConfig, LossInputs, LossStats, policy_loss
 from learner.policy import Policy
 from learner.sample import Sample, collate
@@ -68,10 +68,11 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def autocast_dtype(device: torch.device, amp: bool, cpu_amp: bool = False) -> torch.dtype | None:
-    """bf16 where the device computes in it natively and the settings ask for it."""
+    """bf16 where the device computes in it natively (on a CPU: and measured faster than
+    float32, `fast_bf16_cpu`) and the settings ask for it."""
     if amp and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
-    if cpu_amp and device.type == "cpu" and native_bf16_cpu():
+    if cpu_amp and device.type == "cpu" and fast_bf16_cpu():
         return torch.bfloat16
     return None
 

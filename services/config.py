@@ -197,7 +197,8 @@ PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
     # SmolLM2-135M on the `code` suite, sized for 2 CPU cores: a group of 8 completions of
     # up to 160 new tokens takes tens of seconds, a learner step on 4 groups (32 samples of
     # ~180 tokens) about a minute in float32 (bf16 autocast, learner.cpu_amp, cuts that
-    # 2.7x on a CPU with native bf16; elsewhere it is ignored), so batches are small, a
+    # 2.7x on a CPU where bf16 matmuls measure faster; elsewhere it is ignored, as on a
+    # 2-core Xeon whose avx512_bf16 ran them at half float32's speed), so batches are small, a
     # batch is trained on when full or after 4 minutes, and max_lag allows the few
     # versions a sample can age by in flight.
     # Temperature 0.7: at 1.0 a third of the 135M model's training samples did not compile
@@ -241,6 +242,8 @@ PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
     "generator.max_new_tokens": "160",
     "demo.warmup_steps": "0",
     "demo.eval_samples": "0",
+    # every held-out code task: the binomial standard error falls with their number
+    "demo.eval_tasks": "0",
     "demo.eval_extra": '{"humaneval": 40}',
     "demo.drain_s": "150",
     # 16 minutes of training (the tiny policy's demo keeps 8): in every 8-minute run the
@@ -287,8 +290,9 @@ class DemoSettings(Section):
     """Learning rate of the warm-up."""
     warmup_batch: int = Field(default=64, ge=1)
     """Examples per warm-up step."""
-    eval_tasks: int = Field(default=200, ge=1)
-    """Held-out tasks per suite evaluated before and after (tasks never fed in training)."""
+    eval_tasks: int = Field(default=200, ge=0)
+    """Held-out tasks per suite evaluated before and after (the first N of its held-out
+    split, tasks never fed in training); 0: every one."""
     eval_samples: int = Field(default=4, ge=0)
     """Sampled completions per held-out task for the sampled pass rate (plus one greedy);
     0: greedy only."""

@@ -85,6 +85,12 @@ def child_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def evaluated(heldout: list[Any], count: int) -> list[Any]:
+    """The held-out tasks the demo evaluates: the first `count` of the split (a fixed
+    subset), every one when `count` is 0."""
+    return heldout[: count or None]
+
+
 def sandboxed_suites(settings: Settings) -> bool:
     """Whether any task fed may need the sandbox tier."""
     from services import suites
@@ -201,7 +207,7 @@ class Demo:
         fed = [n for n, w in self.s.feeder.suites.items() if w > 0 and n in suites.names()]
         chosen = {n: self.cfg.eval_tasks for n in fed} | dict(self.cfg.eval_extra)
         for name, count in chosen.items():
-            tasks = suites.get(name).tasks("heldout")[:count]
+            tasks = evaluated(suites.get(name).tasks("heldout"), count)
             t0 = time.monotonic()
             r = await self._evaluate_suite(policy, text, tasks)
             none_sampled = math.isnan(r.sampled_pass)

@@ -9,7 +9,7 @@ hidden asserts, one `test_*` function each: partial credit) decide the reward, w
 `feedback_tests` (the public examples, same format) serve multi-turn feedback. No hidden
 assert is ever shown.
 
-Splits are fixed by the data: `train` (632 tasks) and `heldout` (178 distinct functions,
+Splits are fixed by the data: `train` (632 tasks) and `heldout` (317 distinct functions,
 none of them a near-copy of a training function; never fed). `warmup` is empty. The
 first 217 training tasks are mostly easy one-liners, 176 of them in 16 families of one
 function with different constants; the 232 after them are distinct string, collection
@@ -22,7 +22,15 @@ functions on strings, numbers and collections written in one batch, screened aga
 every earlier task and HumanEval; near relatives among them (the same idea with another
 predicate, a function and its inverse) form clusters of one split, a relative of an
 earlier task takes that task's split, and the other clusters were split at random (0.4
-held-out), so the new held-out functions are drawn like the new training ones. Every
+held-out), so the new held-out functions are drawn like the new training ones. The last
+139 lines (held-out only: 69 easy, 46 medium, 24 hard) make the held-out estimate finer
+(its binomial standard error falls with the square root of the count): 225 tasks written
+in five themes (strings, lists, integers, collections and grids, small simulations and
+parsing), checked by running each reference against its asserts and against wrong
+solutions, screened by wording and then idea by idea against every earlier task,
+HumanEval and each other; the 86 that were relatives of a training or HumanEval task (the
+same idea with another constant or predicate, an inverse, a trivial composition) or of
+another new task were left out. Every
 task records `entry_point`, `split`, `difficulty` (easy | medium | hard) and, for a
 family member, `family` in its metadata. The labels are the writer's: SmolLM2-135M-Instruct
 passed 0.7% of 880 samples of the 232, "easy" ones included; its measured rates per

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.demo import child_env, run_settings
+from services import suites
+from services.demo import child_env, evaluated, run_settings
 from services.rollout.evaluate import EvalResult
 from services.rollout.report import Report, _binned, markdown, write
 from services.rollout.stats import RunStats
@@ -65,6 +66,7 @@ def test_the_demo_policy_picks_the_model_and_its_defaults() -> None:
     assert s.learner.model == "smollm2" and s.feeder.suites == {"code": 1.0}
     assert s.feeder.adapt and s.learner.lr == float(PRETRAINED_DEMO_OVERRIDES["learner.lr"])
     assert s.demo.eval_extra == {"humaneval": 40} and s.feeder.max_turns == 1
+    assert s.demo.eval_tasks == 0  # every held-out code task
     tiny = run_settings(load(["demo.policy=tiny"]))
     assert tiny.learner.model == "tiny" and tiny.feeder.suites == {"arith": 0.85, "pyfunc": 0.15}
     assert tiny.learner.batch_tokens == int(DEMO_OVERRIDES["learner.batch_tokens"])
@@ -138,3 +140,10 @@ def test_live_line_counts_what_the_learner_announced_consumed() -> None:
         s.on_trajectory(now=100 + i * 0.01)
     line = _line(s.row(now=102, t=2))  # no ledger entry yet: the outbox flushes later
     assert "v4" in line and "consumed 96 outstanding 24" in line and "trained" not in line
+
+
+def test_the_demo_evaluates_the_first_n_held_out_tasks_or_all() -> None:
+    held = suites.get("code").tasks("heldout")
+    assert evaluated(held, 5) == held[:5]
+    assert evaluated(held, 0) == held and len(held) >= 300
+    assert evaluated(held, 10_000) == held

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from learner import quant
-from learner.cpu import native_bf16_cpu
+from learner import cpu, quant
+from learner.cpu import bf16_pays, native_bf16_cpu
 from learner.hf import HFPolicy, LoraSpec, sampling_dtype
 from tests.unit.test_learner_decode import PROMPT, recomputed, tiny_llama
 
@@ -122,3 +122,18 @@ def test_native_bf16_is_read_from_the_cpu_flags() -> None:
     assert native_bf16_cpu("processor : 0\nflags : fpu avx512f avx512_bf16 avx512bw\n")
     assert native_bf16_cpu("flags\t\t: fpu amx_bf16 amx_tile\n")
     assert not native_bf16_cpu("flags : fpu avx512f avx512bw avx512_vnni\n")
+
+
+def test_bf16_is_used_only_where_its_matmul_measures_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert bf16_pays(10.0, 3.7) and bf16_pays(10.0, 8.0)
+    assert not bf16_pays(10.0, 9.0) and not bf16_pays(10.0, 20.0)  # a Xeon with avx512_bf16
+    times = {torch.float32: 0.010, torch.bfloat16: 0.020}
+    monkeypatch.setattr(cpu, "native_bf16_cpu", lambda: True)
+    assert not cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)
+    times[torch.bfloat16] = 0.004
+    assert cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)
+    monkeypatch.setattr(cpu, "native_bf16_cpu", lambda: False)
+    assert not cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)  # flags first, no probe
+    assert 0 < cpu.matmul_seconds(torch.float32, size=64, rounds=2) < 1.0
