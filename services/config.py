@@ -251,8 +251,9 @@ PRETRAINED_DEMO_OVERRIDES: dict[str, str] = {
     # rate over each task's calibrated rate: +0.06 to +0.13 there, from -0.06 to -0.09 in
     # the first third; demo-20261207-141037 to -165613), and a 16-minute run went on rising
     # (-0.02, +0.12, +0.20; 37 learner steps, demo-20261207-172021). The demo takes about
-    # 26 minutes so; on a 2-core AMD EPYC with AVX2 only (no AVX-512), 29 minutes and 24-28
-    # learner steps (demo-20261207-191447, -200031, -205337).
+    # 26 minutes so (40 steps, evaluating all 317 held-out code tasks, demo-20261207-
+    # 230531); on a 2-core AMD EPYC with AVX2 only (no AVX-512), 29 minutes and 24-28
+    # learner steps while it evaluated 178 (demo-20261207-191447, -200031, -205337).
     "demo.budget_minutes": "16",
 }
 """The demo's defaults for a pretrained policy (`demo.policy` other than tiny)."""
