@@ -39,10 +39,10 @@ class LearnerSettings(Section):
     sample_dtype: Literal["auto", "float32", "bfloat16", "int4"] = "auto"
     """Weight dtype a Hugging Face Llama-family model samples with (learner/decode.py):
     `auto` is bfloat16 where its matmuls are native (CUDA, a CPU with avx512_bf16/AMX where
-    they measure faster than float32), else
-    the model's dtype; on a CPU with LoRA on, int4 where the frozen base weights are on a
-    4-bit grid (SmolLM2's, converted from its Q4_1 GGUF). `int4` (CPU): the layers' weights
-    in 4 bits, the LM head in 8, LoRA adapters applied in full (learner/quant.py); with full
+    they measure faster than float32), else the model's dtype; on a CPU with LoRA on, int4
+    where the frozen base weights are on a 4-bit grid (SmolLM2's, converted from its Q4_1
+    GGUF). `int4` (CPU): the layers' weights in 4 bits, the LM head in 8, LoRA adapters
+    applied in full (learner/quant.py); with full
     fine-tuning each version is requantized and changes below the grid's spacing are lost.
     Behaviour logprobs are those of the weights that sampled; the learner's importance
     correction absorbs their difference from its own dtype."""

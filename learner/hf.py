@@ -42,8 +42,8 @@ class LoraSpec:
 def sampling_dtype(name: str | None, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
     """Dense sampling weights' dtype. None: the model's dtype. `auto`: bfloat16 where its
     matmuls are native (CUDA with bf16, a CPU with avx512_bf16/AMX where they measure
-    faster than float32: `fast_bf16_cpu`), else the model's
-    dtype. `int4`: the activations' dtype, the model's."""
+    faster than float32: `fast_bf16_cpu`), else the model's dtype. `int4`: the
+    activations' dtype, the model's."""
     if name is None or name == "int4":
         return model_dtype
     if name != "auto":
