@@ -42,8 +42,8 @@ class LearnerSettings(Section):
     they measure faster than float32), else the model's dtype; on a CPU with LoRA on, int4
     where the frozen base weights are on a 4-bit grid (SmolLM2's, converted from its Q4_1
     GGUF). `int4` (CPU): the layers' weights in 4 bits, the LM head in 8, LoRA adapters
-    applied in full (learner/quant.py); with full
-    fine-tuning each version is requantized and changes below the grid's spacing are lost.
+    applied in full (learner/quant.py); with full fine-tuning each version is requantized
+    and changes below the grid's spacing are lost.
     Behaviour logprobs are those of the weights that sampled; the learner's importance
     correction absorbs their difference from its own dtype."""
     sample_compile: bool = False
