@@ -60,13 +60,12 @@ def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, rounds: int = PRO
     return best
 
 
-@functools.cache
-def fast_bf16_cpu(timer: Callable[[torch.dtype], float] = matmul_seconds) -> bool:
+def bf16_measured_faster(timer: Callable[[torch.dtype], float] = matmul_seconds) -> bool:
     """Whether bf16 is the faster dtype on this CPU: native bf16 (`native_bf16_cpu`) and a
-    matmul measured at most BF16_MARGIN of float32's time. Flags alone are not enough: on a
-    2-core Intel Xeon with avx512_bf16 (no AMX exposed) a bf16 matmul took twice float32's
-    time, and a SmolLM2 forward+backward under bf16 autocast 1.6x (benchmarks/train_step.py),
-    where another such Xeon ran it 2.7x faster. Measured once per process (about 0.1 s)."""
+    matmul timed by `timer` (seconds per dtype) at most BF16_MARGIN of float32's time.
+    Flags alone are not enough: on a 2-core Intel Xeon with avx512_bf16 (no AMX exposed) a
+    bf16 matmul took twice float32's time, and a SmolLM2 forward+backward under bf16
+    autocast 1.6x (benchmarks/train_step.py), where another such Xeon ran it 2.7x faster."""
     if not native_bf16_cpu():
         return False
     f32, bf16 = timer(torch.float32), timer(torch.bfloat16)
@@ -74,3 +73,9 @@ def fast_bf16_cpu(timer: Callable[[torch.dtype], float] = matmul_seconds) -> boo
     use = "bf16 where asked for (cpu_amp, sample_dtype auto)" if pays else "float32"
     log.info("bf16 matmul %.1f ms against float32 %.1f ms: %s", bf16 * 1e3, f32 * 1e3, use)
     return pays
+
+
+@functools.cache
+def fast_bf16_cpu() -> bool:
+    """`bf16_measured_faster`, measured once per process (about 0.1 s) and remembered."""
+    return bf16_measured_faster()

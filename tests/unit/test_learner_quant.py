@@ -131,9 +131,9 @@ def test_bf16_is_used_only_where_its_matmul_measures_faster(
     assert not bf16_pays(10.0, 9.0) and not bf16_pays(10.0, 20.0)  # a Xeon with avx512_bf16
     times = {torch.float32: 0.010, torch.bfloat16: 0.020}
     monkeypatch.setattr(cpu, "native_bf16_cpu", lambda: True)
-    assert not cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)
+    assert not cpu.bf16_measured_faster(times.__getitem__)
     times[torch.bfloat16] = 0.004
-    assert cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)
+    assert cpu.bf16_measured_faster(times.__getitem__)
     monkeypatch.setattr(cpu, "native_bf16_cpu", lambda: False)
-    assert not cpu.fast_bf16_cpu.__wrapped__(times.__getitem__)  # flags first, no probe
+    assert not cpu.bf16_measured_faster(times.__getitem__)  # flags first, no probe
     assert 0 < cpu.matmul_seconds(torch.float32, size=64, rounds=2) < 1.0
