@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -208,6 +209,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "stale_pct": pm.median([r["stale_pct"] for r in rs]),
             "cpu_busy": pm.median([r["cpu_busy"] for r in rs]),
             "flat_groups": pm.median([r["flat_groups"] for r in rs]),
+            "all_failed": pm.median([r.get("all_failed", math.nan) for r in rs]),
+            "all_passed": pm.median([r.get("all_passed", math.nan) for r in rs]),
             "initial_heldout": rs[0]["heldout"][0][1],
         }
     a, b = out["async"], out["sync"]
@@ -259,9 +262,10 @@ def report(
     console.print(f"stale drops {sm['async']['stale_pct']:.2f}% (async, median)")
     console.print(f"machine CPU busy: async {sm['async']['cpu_busy']:.0%}, "
                   f"sync {sm['sync']['cpu_busy']:.0%} (medians)")  # fmt: skip
-    console.print(f"groups whose rewards were all equal (no signal): "
-                  f"async {sm['async']['flat_groups']:.0%}, "
-                  f"sync {sm['sync']['flat_groups']:.0%} (medians)")  # fmt: skip
+    flat = {m: f"{sm[m]['flat_groups']:.0%} (all failed {sm[m]['all_failed']:.0%}, all passed "
+               f"{sm[m]['all_passed']:.0%})" for m in ("async", "sync")}  # fmt: skip
+    console.print(f"groups whose rewards were all equal (no signal): async {flat['async']}, "
+                  f"sync {flat['sync']} (medians)")  # fmt: skip
     console.print(f"throughput after the first minute (async): {sm['async_dip']}")
     (out_dir / "pipeline.json").write_text(
         json.dumps({"args": argv, "summary": sm, "runs": runs, "trl": trl}, indent=1, default=str)

@@ -94,4 +94,6 @@ def _measured(demo: Any, snaps: list[tuple[float, Any, int]], span_s: float) -> 
         "trained": sum(st == "trained" for st in demo.stats.ledger.values()),
         "steps": demo.final_version, "startup_s": t_ready,
         "flat_groups": demo.stats.groups_flat / max(1, demo.stats.groups_done),
+        "all_failed": demo.stats.groups_failed / max(1, demo.stats.groups_done),
+        "all_passed": demo.stats.groups_passed / max(1, demo.stats.groups_done),
     }  # fmt: skip

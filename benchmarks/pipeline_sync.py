@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from schemas.rollout import Task
-from services.rollout.sampler import informative, observe_group
+from services.rollout.sampler import flat_kind, informative, observe_group
 from services.settings import Settings
 
 
@@ -60,7 +60,7 @@ async def sync_run(
     rng = torch.Generator().manual_seed(s.generator.seed or 0)
     adapt = functools.partial(_adapt, sampler, {}, s.feeder) if s.feeder.adapt else None
     log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
-    tally = [0, 0, 0, 0]  # tokens scored, tokens kept for training, groups, all-equal groups
+    tally = [0] * 6  # tokens scored, kept for training; groups, all equal, all failed, all passed
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
     steps, t0, snapshot_steps, trained = 0, time.monotonic(), [0], 0
     try:
@@ -84,7 +84,8 @@ async def sync_run(
     return {"mode": "sync", "log": log, "seconds": elapsed, "steps": steps,
             "snapshots": snapshots, "snapshot_steps": snapshot_steps, "stale_drops": 0,
             "settled": len(log), "trained": trained, "lag": lag,
-            "flat_groups": tally[3] / max(1, tally[2])}  # fmt: skip
+            "flat_groups": tally[3] / max(1, tally[2]), "all_failed": tally[4] / max(1, tally[2]),
+            "all_passed": tally[5] / max(1, tally[2])}  # fmt: skip
 
 
 class _Trailing:
@@ -117,7 +118,8 @@ async def _batch(
 ) -> list[Any]:
     """Sample and score rounds until `batch_tokens` of trainable samples are in hand (one
     round unless samples are left out); each further round is sized by the share kept so
-    far (`tally`: tokens scored, tokens kept, groups, all-equal groups; updated). Appends
+    far (`tally`: tokens scored, tokens kept, groups, all-equal ones, of them all failed and
+    all passed; updated). Appends
     (seconds, reward) to `log`; `adapt` (with `feeder.adapt`) sees every scored round."""
     batch: list[Any] = []
     while time.monotonic() < span[1]:
@@ -130,12 +132,15 @@ async def _batch(
         if adapt is not None:
             adapt(scored)
         now = time.monotonic() - span[0]
-        log += [(now, r) for _, rs in scored for r in rs if r is not None]
+        log += [(now, r) for _, rs, _ in scored for r in rs if r is not None]
         fresh = _samples(scored, s)
         tally[0] += sum(len(ids) + len(c.tokens) for _, ids, cs in groups for c in cs)
         tally[1] += sum(x.length for x in fresh)
         tally[2] += len(scored)
-        tally[3] += sum(not informative([r for r in rs if r is not None]) for _, rs in scored)
+        kinds = [_flat(rs, ok) for _, rs, ok in scored]
+        tally[3] += sum(k is not None for k in kinds)
+        tally[4] += kinds.count("failed")
+        tally[5] += kinds.count("passed")
         batch += fresh
     return batch
 
@@ -144,7 +149,7 @@ def _adapt(sampler: Any, history: dict[str, Any], cfg: Any, scored: list[Any]) -
     """`feeder.adapt` as the feeder applies it from `rewards` (services/rollout/adapting.py):
     every completed group moves its task's sampling chance (and, with `adapt_suites`, its
     suite's)."""
-    for (task, _, _), rewards in scored:
+    for (task, _, _), rewards, _ in scored:
         if any(r is None for r in rewards):
             continue  # a group with a masked member never completes in the feeder's tally
         group = (task.task_id, task.suite, informative(rewards))
@@ -169,13 +174,22 @@ def _sample_batch(
 
 
 async def _score(groups: list[tuple], judges: dict[bool, Any], text: Any) -> list[tuple]:
-    """Score every sample of the batch; returns when the slowest verification is done."""
+    """Score every sample of the batch: (group, rewards, passed) each; returns when the
+    slowest verification is done."""
     jobs = []
     for task, _, cs in groups:
         judge = judges[task.verifier.needs_sandbox]
         jobs.append(asyncio.gather(*(judge(task, text.text(c.tokens)) for c in cs)))
     verdicts = await asyncio.gather(*jobs)
-    return [(g, [r for r, _ in v]) for g, v in zip(groups, verdicts, strict=True)]
+    return [
+        (g, [r for r, _ in v], [ok for _, ok in v]) for g, v in zip(groups, verdicts, strict=True)
+    ]
+
+
+def _flat(rewards: list[float | None], passed: list[bool]) -> str | None:
+    """`sampler.flat_kind` of a scored group, its masked members (reward None) left out."""
+    live = [(r, ok) for r, ok in zip(rewards, passed, strict=True) if r is not None]
+    return flat_kind([r for r, _ in live], [ok for _, ok in live]) if live else "equal"
 
 
 def _samples(scored: list[tuple], s: Settings) -> list[Any]:
@@ -188,7 +202,7 @@ def _samples(scored: list[tuple], s: Settings) -> list[Any]:
     from streams.groups import group_advantages
 
     out = []
-    for (task, ids, cs), rewards in scored:
+    for (task, ids, cs), rewards, _ in scored:
         live = [(c, r) for c, r in zip(cs, rewards, strict=True) if r is not None]
         advantages = group_advantages([r for _, r in live])
         for (c, r), a in zip(live, advantages, strict=True):

@@ -61,7 +61,11 @@ def table(row: Row, budget_s: float, services: list[Any]) -> Table:
     t.add_row("ledger", f"{row.trained} trained, {row.dropped} dropped, {row.masked} masked")
     t.add_row("outstanding", f"{row.outstanding} (published - consumed by the learner)")
     t.add_row("staleness", f"{_fmt(row.staleness, 2)} versions behind when scored")
-    t.add_row("all-equal groups", f"{_fmt(row.flat_groups, 2)} of {row.groups} (no signal)")
+    t.add_row(
+        "all-equal groups",
+        f"{_fmt(row.flat_groups, 2)} of {row.groups} (no signal: "
+        f"all failed {_fmt(row.all_failed, 2)}, all passed {_fmt(row.all_passed, 2)})",
+    )
     t.add_row("dead letters", str(row.dead_letters))
     alive = ", ".join(f"{s.name}{'' if s.alive else ' (down)'}" for s in services)
     t.add_row("services", alive)
@@ -104,7 +108,8 @@ def _line(row: Row) -> str:
         f"{row.traj_per_s:.0f} traj/s published {row.trajectories} scored {row.scored} "
         f"consumed {row.samples_consumed} outstanding {row.outstanding} "
         f"staleness {_fmt(row.staleness, 2)} "
-        f"all-equal groups {_fmt(row.flat_groups, 2)} of {row.groups}"
+        f"all-equal groups {_fmt(row.flat_groups, 2)} of {row.groups} "
+        f"(failed {_fmt(row.all_failed, 2)}, passed {_fmt(row.all_passed, 2)})"
     )
 
 

@@ -67,9 +67,17 @@ class Report:
             if last else None,
             "learner steps (final policy version)": self.final_version,
             "mean staleness (versions)": round(sum(stale) / len(stale), 2) if stale else None,
-            "all-equal groups (no learning signal)": f"{last.flat_groups:.2f} of {last.groups}"
-            if last and last.flat_groups is not None else "none complete",
+            "all-equal groups (no learning signal)": _flat(last),
         }  # fmt: skip
+
+
+def _flat(last: Row | None) -> str:
+    """The share of complete groups that teach nothing, and why: none of their members
+    passed, or all did."""
+    if last is None or last.flat_groups is None:
+        return "none complete"
+    return (f"{last.flat_groups:.2f} of {last.groups} (all failed {last.all_failed or 0:.2f}, "
+            f"all passed {last.all_passed or 0:.2f})")  # fmt: skip
 
 
 def _binned(per_version: dict[int, list[float]], bins: int = 40) -> tuple[list[float], list[float]]:

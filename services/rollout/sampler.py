@@ -102,6 +102,18 @@ def informative(rewards: list[float]) -> bool:
     return bool(rewards) and max(rewards) - min(rewards) > 1e-9
 
 
+def flat_kind(rewards: list[float], passed: list[bool]) -> str | None:
+    """Why a complete group teaches nothing: None when its rewards differ (it teaches),
+    else `failed` (no member passed, whatever partial credit they share: the task is beyond
+    the policy for now), `passed` (every member passed: solved) or `equal` (some passed,
+    some not, under the same reward)."""
+    if informative(rewards) or not rewards:
+        return None
+    if not any(passed):
+        return "failed"
+    return "passed" if all(passed) else "equal"
+
+
 def task_multiplier(current: float, informative: bool, floor: float) -> float:
     """A task's next sampling chance after one of its groups completed: halved by a group
     whose rewards are all equal (all pass or all fail: no learning signal), never below

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
+from services.rollout.sampler import flat_kind
+
 
 @dataclass
 class Row:
@@ -37,6 +39,11 @@ class Row:
     """Groups whose every member was scored."""
     flat_groups: float | None = None
     """Share of those groups whose rewards are all equal (no learning signal)."""
+    all_failed: float | None = None
+    """Share of those groups of which no member passed (rewards all equal): tasks beyond
+    the policy for now."""
+    all_passed: float | None = None
+    """Share of those groups of which every member passed: tasks it has solved."""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -67,11 +74,15 @@ class RunStats:
     _rewards: deque[tuple[float, str, float, int]] = field(default_factory=deque)
     """(arrival, suite, reward, staleness) of unmasked rewards in the window."""
     _scored_times: deque[float] = field(default_factory=deque)
-    _open_groups: dict[str, list[float | None]] = field(default_factory=dict)
-    """group id -> rewards so far (None: masked), until every member is scored."""
+    _open_groups: dict[str, list[tuple[float, bool] | None]] = field(default_factory=dict)
+    """group id -> (reward, passed) so far (None: masked), until every member is scored."""
     groups_done: int = 0
     groups_flat: int = 0
     """Complete groups whose unmasked rewards are all equal."""
+    groups_failed: int = 0
+    """Of those, the groups of which no unmasked member passed (sampler.flat_kind)."""
+    groups_passed: int = 0
+    """Of those, the groups of which every unmasked member passed."""
 
     def on_trajectory(self, now: float) -> None:
         self.trajectories += 1
@@ -85,7 +96,7 @@ class RunStats:
         self.scored += 1
         self._scored_times.append(now)
         if group is not None:
-            self._on_member(group[0], group[1], None if masked else reward)
+            self._on_member(group[0], group[1], None if masked else (reward, passed))
         if masked:
             return
         stale = max(0, self.version - version) if version >= 0 else 0
@@ -102,15 +113,18 @@ class RunStats:
         s[1] += 1
         s[2] += passed
 
-    def _on_member(self, group_id: str, size: int, reward: float | None) -> None:
+    def _on_member(self, group_id: str, size: int, member: tuple[float, bool] | None) -> None:
         members = self._open_groups.setdefault(group_id, [])
-        members.append(reward)
+        members.append(member)
         if len(members) < size:
             return
         del self._open_groups[group_id]
-        values = {r for r in members if r is not None}
+        live = [m for m in members if m is not None]
+        kind = flat_kind([r for r, _ in live], [p for _, p in live]) if live else "equal"
         self.groups_done += 1
-        self.groups_flat += len(values) <= 1
+        self.groups_flat += kind is not None
+        self.groups_failed += kind == "failed"
+        self.groups_passed += kind == "passed"
 
     def on_weights(self, version: int, samples_consumed: int) -> None:
         self.version = max(self.version, version)
@@ -160,8 +174,14 @@ class RunStats:
             staleness=_mean([float(s) for *_, s in rewards]),
             suite_reward={k: sum(v) / len(v) for k, v in sorted(suites.items())},
             groups=self.groups_done,
-            flat_groups=self.groups_flat / self.groups_done if self.groups_done else None,
+            flat_groups=self._share(self.groups_flat),
+            all_failed=self._share(self.groups_failed),
+            all_passed=self._share(self.groups_passed),
         )
+
+    def _share(self, groups: int) -> float | None:
+        """`groups` over the complete groups (None: none complete yet)."""
+        return groups / self.groups_done if self.groups_done else None
 
 
 def _mean(values: list[float]) -> float | None:

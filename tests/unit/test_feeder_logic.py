@@ -19,6 +19,7 @@ from services.rollout.sampler import (
     GroupTally,
     SuiteSampler,
     adapt_multipliers,
+    flat_kind,
     informative,
     observe_group,
     task_multiplier,
@@ -163,6 +164,15 @@ def test_group_tally_reports_informative_groups_once_complete() -> None:
     assert tally.add("g2", "s", 2, 1.0) is False
     assert tally.open == {}
     assert informative([0.0, 0.5]) and not informative([1.0, 1.0]) and not informative([])
+
+
+def test_flat_kind_says_why_a_group_teaches_nothing() -> None:
+    assert flat_kind([1.0, 0.0], [True, False]) is None
+    assert flat_kind([0.0, 0.0], [False, False]) == "failed"
+    assert flat_kind([1.0, 1.0], [True, True]) == "passed"
+    assert flat_kind([0.5, 0.5], [False, False]) == "failed"  # equal partial credit, none passed
+    assert flat_kind([0.5, 0.5], [True, False]) == "equal"
+    assert flat_kind([], []) is None
 
 
 def test_adapt_multipliers_lower_suites_that_teach_nothing() -> None:

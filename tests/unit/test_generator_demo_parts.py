@@ -36,6 +36,28 @@ def test_run_stats_window_rates_reward_and_staleness() -> None:
     assert later.reward is None and later.traj_per_s == 0
 
 
+def test_groups_that_teach_nothing_are_counted_by_why() -> None:
+    s = RunStats()
+    groups = {  # group id -> (reward, passed, masked) of its 3 members
+        "mixed": [(1.0, True, False), (0.0, False, False), (1.0, True, False)],
+        "failed": [(0.0, False, False), (0.0, False, True), (0.0, False, False)],
+        "solved": [(1.0, True, False)] * 3,
+        "partial": [(0.5, False, False)] * 3,  # equal partial credit, none passed: failed
+        "masked": [(0.0, False, True)] * 3,
+        "open": [(1.0, True, False)] * 2,  # one member still unscored
+    }
+    for gid, members in groups.items():
+        for reward, passed, masked in members:
+            s.on_reward(1.0, "a", reward, 0, masked, passed, group=(gid, 3))
+    row = s.row(now=2.0, t=2.0)
+    assert row.groups == 5 and row.flat_groups == pytest.approx(4 / 5)
+    assert row.all_failed == pytest.approx(2 / 5) and row.all_passed == pytest.approx(1 / 5)
+    assert RunStats().row(now=0, t=1).all_failed is None
+    assert "0.80 of 5 (all failed 0.40, all passed 0.20)" in markdown(
+        Report("d", 1.0, [row], {}, [], [], {}, 0), None
+    )
+
+
 def test_ledger_counts_each_trajectory_once_with_reasons() -> None:
     s = RunStats()
     s.on_ledger("a", "trained", "")
