@@ -76,6 +76,8 @@ def bench_settings(
 ) -> Settings:
     share, arith = args.slow_share, pm.arith_suite(args.arith_max)
     extra = [f"feeder.calibration={calibration}"] if calibration else []
+    # feeder.frontier needs the calibration: the warm-up's and calibration's settings go without
+    sets = [x for x in args.set if calibration or not x.startswith("feeder.frontier")]
     base = load(
         [
             "demo.policy=tiny", f"demo.prefix={prefix}", f"demo.budget_minutes={args.minutes}",
@@ -86,7 +88,7 @@ def bench_settings(
             # the same task mix in both modes: a backed-up sandbox tier pauses every suite
             f"feeder.max_sandbox_backlog={args.max_sandbox_backlog}",
             f"feeder.sandbox_backpressure={args.backpressure}",
-            f"learner.seed={seed}", f"generator.seed={seed}", *extra, *args.set,
+            f"learner.seed={seed}", f"generator.seed={seed}", *extra, *sets,
         ]
     )  # fmt: skip
     from services.demo import run_settings

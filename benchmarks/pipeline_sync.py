@@ -58,7 +58,7 @@ async def sync_run(
     sandbox = await docker_sandbox(s, f"{s.topics.prefix}-sync")
     judges = {True: evaluate.sandbox_judge(s, sandbox), False: evaluate.in_process_judge(s)}
     rng = torch.Generator().manual_seed(s.generator.seed or 0)
-    adapt = functools.partial(_adapt, sampler, {}, s.feeder) if s.feeder.adapt else None
+    adapt = _adapter(sampler, s, tasks)
     log: list[tuple[float, float]] = []  # (seconds since start, reward) per scored sample
     tally = [0] * 6  # tokens scored, kept for training; groups, all equal, all failed, all passed
     snapshots: list[tuple[float, dict[str, Any]]] = [(0.0, policy.weights())]
@@ -83,9 +83,13 @@ async def sync_run(
     snapshot_steps.append(steps)
     return {"mode": "sync", "log": log, "seconds": elapsed, "steps": steps,
             "snapshots": snapshots, "snapshot_steps": snapshot_steps, "stale_drops": 0,
-            "settled": len(log), "trained": trained, "lag": lag,
-            "flat_groups": tally[3] / max(1, tally[2]), "all_failed": tally[4] / max(1, tally[2]),
-            "all_passed": tally[5] / max(1, tally[2])}  # fmt: skip
+            "settled": len(log), "trained": trained, "lag": lag, **_shares(tally)}  # fmt: skip
+
+
+def _shares(tally: list[int]) -> dict[str, float]:
+    """The shares of the groups whose rewards were all equal, all failed, all passed."""
+    n = max(1, tally[2])
+    return {"flat_groups": tally[3] / n, "all_failed": tally[4] / n, "all_passed": tally[5] / n}
 
 
 class _Trailing:
@@ -145,15 +149,34 @@ async def _batch(
     return batch
 
 
-def _adapt(sampler: Any, history: dict[str, Any], cfg: Any, scored: list[Any]) -> None:
-    """`feeder.adapt` as the feeder applies it from `rewards` (services/rollout/adapting.py):
-    every completed group moves its task's sampling chance (and, with `adapt_suites`, its
-    suite's)."""
+def _adapter(sampler: Any, s: Settings, tasks: list[Task]) -> Any:
+    """What sees every scored round: `feeder.adapt` and `feeder.frontier` as the feeder
+    applies them (services/rollout/adapting.py), or None when both are off."""
+    frontier = None
+    if s.feeder.frontier and s.feeder.calibration:
+        from services.rollout.frontier import Frontier
+        from services.suites import calibration
+
+        frontier = Frontier.of(tasks, calibration.load(s.feeder.calibration), s.feeder.adapt_floor)
+        sampler.prior = frontier.chance
+    if not s.feeder.adapt and frontier is None:
+        return None
+    return functools.partial(_adapt, sampler, {}, s.feeder, frontier)
+
+
+def _adapt(
+    sampler: Any, history: dict[str, Any], cfg: Any, frontier: Any, scored: list[Any]
+) -> None:
+    """Every completed group moves its task's sampling chance (and, with `adapt_suites`, its
+    suite's) under `feeder.adapt`, and refits the frontier's shift."""
     for (task, _, _), rewards, _ in scored:
         if any(r is None for r in rewards):
             continue  # a group with a masked member never completes in the feeder's tally
-        group = (task.task_id, task.suite, informative(rewards))
-        observe_group(sampler, history, group, cfg.adapt_floor, cfg.adapt_suites)
+        if cfg.adapt:
+            group = (task.task_id, task.suite, informative(rewards))
+            observe_group(sampler, history, group, cfg.adapt_floor, cfg.adapt_suites)
+        if frontier is not None:
+            frontier.observe(task.task_id, rewards)
 
 
 def _sample_batch(

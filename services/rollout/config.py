@@ -97,11 +97,19 @@ class FeederSettings(Section):
     """Adapt suite weights from observed rewards: suites whose groups all pass or all fail
     (no learning signal) are sampled less."""
     adapt_floor: float = Field(default=0.2, gt=0, le=1)
-    """With `adapt`: the smallest multiplier a suite's weight can get."""
+    """With `adapt`: the smallest multiplier a suite's weight or a task's chance can get;
+    with `frontier` the smallest chance it gives a task."""
     adapt_suites: bool = True
     """With `adapt`: suite weights move too. False: only the tasks whose groups' rewards were
     all equal are skipped more often, and the suites keep their weighted mix (the suite the
     model does best on keeps its share of samples)."""
+    frontier: bool = False
+    """With `calibration`: take each task, when its turn comes, by the chance that its group's
+    rewards differ (services/rollout/frontier.py). Its pass rate now is its calibrated one
+    moved by one shift on the logit scale shared by every task, fitted to the rewards of the
+    recent groups; a task the policy now always (or never) solves is skipped, down to a
+    chance of `adapt_floor`. Unlike `adapt`'s per-task history this reaches tasks never
+    drawn before, which over a large pool is most of them."""
     seed: int = 0
     """Seed of suite and task sampling."""
     calibration: str | None = None
@@ -132,6 +140,9 @@ class FeederSettings(Section):
         lo, hi = self.pass_band
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError(f"feeder.pass_band {self.pass_band}: expected 0 <= low <= high <= 1")
+        if self.frontier and self.calibration is None:
+            raise ValueError("feeder.frontier needs feeder.calibration (the pass rates it "
+                             "starts from)")  # fmt: skip
         if self.skip_greedy_solved and self.calibration is None:
             raise ValueError("feeder.skip_greedy_solved needs feeder.calibration (the greedy "
                              "outcomes it records)")  # fmt: skip

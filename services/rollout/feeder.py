@@ -20,7 +20,8 @@ files, sampled across suites by weight, published on `tasks` (key task_id).
 - `feeder.adapt` (services/rollout/adapting.py): a task whose groups' rewards are all equal
   is skipped more often (sampler.task_multiplier), and unless `feeder.adapt_suites` is off
   suite weights follow the share of each suite's recent groups whose rewards differ
-  (sampler.adapt_multipliers).
+  (sampler.adapt_multipliers). `feeder.frontier` (services/rollout/frontier.py): tasks
+  are taken by the chance that their group's rewards differ, from calibration and rewards.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from schemas.sandbox import Outcome, SandboxRequest
 from services import kafka, suites
 from services.rollout import admission
 from services.rollout.adapting import follow_rewards
+from services.rollout.frontier import Frontier
 from services.rollout.sampler import SuiteSampler
 from streams.groups import extract_code
 
@@ -78,6 +80,7 @@ class Feeder:
         self._admitting: asyncio.Task[None] | None = None
         self._adapting: asyncio.Task[None] | None = None
         self.sandboxed: set[str] = set()
+        self.frontier: Frontier | None = None
         """Suites with tasks verified in the sandbox tier (flow control)."""
         self._sandbox_checked = 0.0
         self._sandbox_backed_up = False
@@ -125,6 +128,9 @@ class Feeder:
         dropped: set[int] = set()
         if cal is not None:
             kept, left = calibration.select(kept, cal, self.cfg.pass_band)
+            if self.cfg.frontier:
+                self.frontier = Frontier.of(kept, cal, self.cfg.adapt_floor)
+                self.sampler.prior = self.frontier.chance
             dropped |= {id(t) for t in left}
             log.info("calibration %s: %d tasks fed, %d measured outside the pass band %s "
                      "left out", self.cfg.calibration, len(kept), len(left),
@@ -259,9 +265,9 @@ class Feeder:
         try:
             await self.start()
             self._admitting = asyncio.create_task(self.admit_all(self.candidates()))
-            if self.cfg.adapt:
+            if self.cfg.adapt or self.frontier is not None:
                 self._adapting = asyncio.create_task(
-                    follow_rewards(self.settings, self.claim, self.sampler, self.cfg.adapt_floor)
+                    follow_rewards(self.settings, self.claim, self.sampler, self.frontier)
                 )
             await self.feed()
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from schemas.rollout import Task
@@ -26,6 +26,10 @@ class SuiteSampler:
         self.task_multipliers: dict[str, float] = {}
         """task_id -> chance that the task is taken when its turn comes (default 1; see
         `task_multiplier`): tasks whose groups all pass or all fail are skipped more."""
+        self.prior: Callable[[Task], float] | None = None
+        """A second chance per task, from a model of where the policy stands
+        (`feeder.frontier`, services/rollout/frontier.py); a task is taken with the smaller
+        of the two."""
         self.paused: set[str] = set()
         """Suites not sampled for now (flow control), whatever their weight."""
         self._rng = random.Random(seed)
@@ -68,6 +72,8 @@ class SuiteSampler:
                 order.extend(epoch)
             task = order.popleft()
             chance = self.task_multipliers.get(task.task_id, 1.0)
+            if self.prior is not None:
+                chance = min(chance, self.prior(task))
             if chance >= 1.0 or self._rng.random() < chance:
                 return task
         return task  # every task of the suite was skipped once: take the last one
@@ -84,9 +90,8 @@ class GroupTally:
     """group_id -> (suite, group size, rewards so far)."""
     max_open: int = 10_000
 
-    def add(self, group_id: str, suite: str, group_size: int, reward: float) -> bool | None:
-        """Record one reward; when the group is complete, return whether it was informative
-        (its rewards differ, so its advantages are not all zero), else None."""
+    def add(self, group_id: str, suite: str, group_size: int, reward: float) -> list[float] | None:
+        """Record one reward; when the group is complete, return its rewards, else None."""
         entry = self.open.setdefault(group_id, (suite, group_size, []))
         entry[2].append(reward)
         if len(entry[2]) < entry[1]:
@@ -94,7 +99,7 @@ class GroupTally:
                 self.open.pop(next(iter(self.open)))
             return None
         del self.open[group_id]
-        return informative(entry[2])
+        return entry[2]
 
 
 def informative(rewards: list[float]) -> bool:

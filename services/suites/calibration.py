@@ -182,6 +182,13 @@ def pass_rate(
     return p / n if n else None
 
 
+def rates(tasks: Iterable[Task], cal: Calibration) -> dict[str, float | None]:
+    """Task id -> measured pass rate (`pass_rate`, family counts pooled) of every task."""
+    tasks = list(tasks)
+    families = family_counts(tasks, cal)
+    return {t.task_id: pass_rate(t, cal, families) for t in tasks}
+
+
 def select(
     tasks: list[Task], cal: Calibration, band: tuple[float, float]
 ) -> tuple[list[Task], list[Task]]:

@@ -156,12 +156,12 @@ def test_paused_suites_are_skipped_until_resumed() -> None:
     assert {t.suite for t in (s.next() for _ in range(50)) if t} == {"a", "b"}
 
 
-def test_group_tally_reports_informative_groups_once_complete() -> None:
+def test_group_tally_reports_a_group_once_complete() -> None:
     tally = GroupTally()
     assert tally.add("g1", "s", 2, 1.0) is None
-    assert tally.add("g1", "s", 2, 0.0) is True
+    assert tally.add("g1", "s", 2, 0.0) == [1.0, 0.0]
     assert tally.add("g2", "s", 2, 1.0) is None
-    assert tally.add("g2", "s", 2, 1.0) is False
+    assert tally.add("g2", "s", 2, 1.0) == [1.0, 1.0]
     assert tally.open == {}
     assert informative([0.0, 0.5]) and not informative([1.0, 1.0]) and not informative([])
 
