@@ -80,8 +80,9 @@ class Feeder:
         self._admitting: asyncio.Task[None] | None = None
         self._adapting: asyncio.Task[None] | None = None
         self.sandboxed: set[str] = set()
-        self.frontier: Frontier | None = None
         """Suites with tasks verified in the sandbox tier (flow control)."""
+        self.frontier: Frontier | None = None
+        """With `feeder.frontier`: the sampler's model of where the policy stands."""
         self._sandbox_checked = 0.0
         self._sandbox_backed_up = False
         self.producer: Any = None

@@ -13,7 +13,12 @@ of the recent groups (`fit_shift`). When its turn comes a task is then taken wit
 measured are always taken.
 
 Rewards are read as pass fractions: clipped to [0, 1], a group's rewards add up to its
-passes (partial credit counts in proportion).
+passes (partial credit counts in proportion). The suite is still drawn by weight first:
+this changes which tasks of a suite are taken, not the mix of suites.
+
+Measured (README, Benchmarks): where per-task outcomes are nearly all-or-nothing and the
+calibration predicts them weakly (the pipeline benchmark's wide `arith` pool), one shared
+shift moves few tasks; hence off by default.
 """
 
 from __future__ import annotations
