@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import subprocess
 import sys
@@ -211,8 +210,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
             "stale_pct": pm.median([r["stale_pct"] for r in rs]),
             "cpu_busy": pm.median([r["cpu_busy"] for r in rs]),
             "flat_groups": pm.median([r["flat_groups"] for r in rs]),
-            "all_failed": pm.median([r.get("all_failed", math.nan) for r in rs]),
-            "all_passed": pm.median([r.get("all_passed", math.nan) for r in rs]),
+            "all_failed": pm.median([r["all_failed"] for r in rs]),
+            "all_passed": pm.median([r["all_passed"] for r in rs]),
             "initial_heldout": rs[0]["heldout"][0][1],
         }
     a, b = out["async"], out["sync"]

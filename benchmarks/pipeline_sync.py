@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from schemas.rollout import Task
-from services.rollout.sampler import flat_kind, informative, observe_group
+from services.rollout.sampler import group_flat_kind, informative, observe_group
 from services.settings import Settings
 
 
@@ -141,7 +141,7 @@ async def _batch(
         tally[0] += sum(len(ids) + len(c.tokens) for _, ids, cs in groups for c in cs)
         tally[1] += sum(x.length for x in fresh)
         tally[2] += len(scored)
-        kinds = [_flat(rs, ok) for _, rs, ok in scored]
+        kinds = [group_flat_kind(list(zip(rs, ok, strict=True))) for _, rs, ok in scored]
         tally[3] += sum(k is not None for k in kinds)
         tally[4] += kinds.count("failed")
         tally[5] += kinds.count("passed")
@@ -207,12 +207,6 @@ async def _score(groups: list[tuple], judges: dict[bool, Any], text: Any) -> lis
     return [
         (g, [r for r, _ in v], [ok for _, ok in v]) for g, v in zip(groups, verdicts, strict=True)
     ]
-
-
-def _flat(rewards: list[float | None], passed: list[bool]) -> str | None:
-    """`sampler.flat_kind` of a scored group, its masked members (reward None) left out."""
-    live = [(r, ok) for r, ok in zip(rewards, passed, strict=True) if r is not None]
-    return flat_kind([r for r, _ in live], [ok for _, ok in live]) if live else "equal"
 
 
 def _samples(scored: list[tuple], s: Settings) -> list[Any]:

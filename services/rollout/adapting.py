@@ -54,8 +54,9 @@ async def follow_rewards(
                     group = (t.task_id, t.suite, informative(done))
                     observe_group(sampler, history, group, cfg.adapt_floor, cfg.adapt_suites)
                 if frontier is not None:
+                    seen = frontier.observed
                     frontier.observe(t.task_id, done)
-                    if frontier.observed and frontier.observed % LOG_EVERY == 0:
+                    if frontier.observed != seen and frontier.observed % LOG_EVERY == 0:
                         log.info("feeder.frontier: shift %+.2f logits after %d groups",
                                  frontier.shift, frontier.observed)  # fmt: skip
     finally:

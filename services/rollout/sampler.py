@@ -119,6 +119,13 @@ def flat_kind(rewards: list[float], passed: list[bool]) -> str | None:
     return "passed" if all(passed) else "equal"
 
 
+def group_flat_kind(members: list[tuple[float | None, bool]]) -> str | None:
+    """`flat_kind` of a complete group's (reward, passed) members, the masked ones (reward
+    None) left out; a group with none left teaches nothing either (`equal`)."""
+    live = [(r, ok) for r, ok in members if r is not None]
+    return flat_kind([r for r, _ in live], [ok for _, ok in live]) if live else "equal"
+
+
 def task_multiplier(current: float, informative: bool, floor: float) -> float:
     """A task's next sampling chance after one of its groups completed: halved by a group
     whose rewards are all equal (all pass or all fail: no learning signal), never below

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from services.rollout.sampler import flat_kind
+from services.rollout.sampler import group_flat_kind
 
 
 @dataclass
@@ -74,8 +74,9 @@ class RunStats:
     _rewards: deque[tuple[float, str, float, int]] = field(default_factory=deque)
     """(arrival, suite, reward, staleness) of unmasked rewards in the window."""
     _scored_times: deque[float] = field(default_factory=deque)
-    _open_groups: dict[str, list[tuple[float, bool] | None]] = field(default_factory=dict)
-    """group id -> (reward, passed) so far (None: masked), until every member is scored."""
+    _open_groups: dict[str, list[tuple[float | None, bool]]] = field(default_factory=dict)
+    """group id -> (reward, passed) so far (reward None: masked), until every member is
+    scored."""
     groups_done: int = 0
     groups_flat: int = 0
     """Complete groups whose unmasked rewards are all equal."""
@@ -96,7 +97,7 @@ class RunStats:
         self.scored += 1
         self._scored_times.append(now)
         if group is not None:
-            self._on_member(group[0], group[1], None if masked else (reward, passed))
+            self._on_member(group[0], group[1], (None if masked else reward, passed))
         if masked:
             return
         stale = max(0, self.version - version) if version >= 0 else 0
@@ -113,14 +114,13 @@ class RunStats:
         s[1] += 1
         s[2] += passed
 
-    def _on_member(self, group_id: str, size: int, member: tuple[float, bool] | None) -> None:
+    def _on_member(self, group_id: str, size: int, member: tuple[float | None, bool]) -> None:
         members = self._open_groups.setdefault(group_id, [])
         members.append(member)
         if len(members) < size:
             return
         del self._open_groups[group_id]
-        live = [m for m in members if m is not None]
-        kind = flat_kind([r for r, _ in live], [p for _, p in live]) if live else "equal"
+        kind = group_flat_kind(members)
         self.groups_done += 1
         self.groups_flat += kind is not None
         self.groups_failed += kind == "failed"

@@ -20,6 +20,7 @@ from services.rollout.sampler import (
     SuiteSampler,
     adapt_multipliers,
     flat_kind,
+    group_flat_kind,
     informative,
     observe_group,
     task_multiplier,
@@ -173,6 +174,8 @@ def test_flat_kind_says_why_a_group_teaches_nothing() -> None:
     assert flat_kind([0.5, 0.5], [False, False]) == "failed"  # equal partial credit, none passed
     assert flat_kind([0.5, 0.5], [True, False]) == "equal"
     assert flat_kind([], []) is None
+    assert group_flat_kind([(0.0, False), (None, True), (0.0, False)]) == "failed"  # masked out
+    assert group_flat_kind([(None, False)] * 2) == "equal"
 
 
 def test_adapt_multipliers_lower_suites_that_teach_nothing() -> None:
